@@ -1,0 +1,23 @@
+"""Test set-up: import helpers from tests/, one thread per process, no shared memory left behind."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+torch.set_num_threads(1)
+
+from torchrec_frugal.shm import list_segments, sweep_stale_segments  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_shared_memory_left():
+    """Every test must leave /dev/shm free of frugal segments (a crash may not leak them either)."""
+    sweep_stale_segments()
+    before = set(list_segments())
+    yield
+    leaked = sorted(set(list_segments()) - before)
+    assert not leaked, f"shared-memory segments left behind: {leaked}"

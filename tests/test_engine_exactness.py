@@ -1,0 +1,65 @@
+"""Exactness of the engine: 2 and 4 ranks, Zipf ids, every read equals a single-process reference."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dist_harness import run_ranks
+from engine_reference import Scenario, run_scenarios
+from torchrec_frugal.shm import list_segments
+
+STEPS = 1500
+TOL = 1e-5
+
+
+def _matrix_2() -> list:
+    return [
+        Scenario(lookahead=l, cache_ratio=c, optimizer=o, steps=STEPS)
+        for l, c, o in itertools.product((0, 1, 10), (0.0, 0.05, 1.0), ("sgd", "rowwise_adagrad"))
+    ] + [
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="adam", steps=STEPS),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, queue="heap"),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=0),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True),
+    ]
+
+
+def _matrix_4() -> list:
+    return [
+        Scenario(lookahead=l, cache_ratio=c, optimizer=o, steps=STEPS)
+        for l, c, o in [
+            (0, 0.05, "sgd"),
+            (1, 0.05, "rowwise_adagrad"),
+            (10, 0.05, "rowwise_adagrad"),
+            (10, 0.0, "sgd"),
+            (10, 1.0, "rowwise_adagrad"),
+            (1, 1.0, "sgd"),
+        ]
+    ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
+
+
+def _check(world: int, scenarios: list, results: list) -> None:
+    for i, sc in enumerate(scenarios):
+        per_rank = [results[r][i] for r in range(world)]
+        label = f"world={world} {sc}"
+        if sc.broken_lookahead:
+            # The reference check must catch stale host reads when the gate is skipped.
+            assert max(m["max_rel_read_error"] for m in per_rank) > 1e-3, label
+            continue
+        for r, m in enumerate(per_rank):
+            assert m["max_rel_read_error"] <= TOL, (label, r, m)
+            assert m["host_vs_ref"] <= TOL, (label, r, m)
+            assert m["cache_vs_host"] == 0.0 and m["state_vs_host"] == 0.0, (label, r, m)
+            assert m["dynamic_after_flush"] == 0.0, (label, r, m)
+            assert m["flushed_rows"] > 0, (label, r, m)
+        expected_cached = {0.0: 0, 0.05: 60 + 150, 1.0: (3000 + 1200) // world}[sc.cache_ratio]
+        assert per_rank[0]["cached_rows"] == expected_cached, label
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_engine_matches_reference(world: int) -> None:
+    scenarios = _matrix_2() if world == 2 else _matrix_4()
+    results = run_ranks(world, run_scenarios, scenarios, timeout=1200)
+    _check(world, scenarios, results)
+    assert list_segments() == []

@@ -1,0 +1,80 @@
+"""Typed configuration of the Frugal engine (no TorchRec imports)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+QUEUE_KINDS = ("two_level", "heap")
+OPTIMIZER_KINDS = ("sgd", "rowwise_adagrad", "adam")
+
+
+@dataclass
+class FrugalConfig:
+    """Knobs of the Frugal mechanism.
+
+    lookahead: L, the number of future batches per rank whose ids feed the flush priorities.
+        0 turns proactive flushing off: every update is written to host before the next step
+        (write-through, the ablation baseline).
+    cache_ratio: fraction of each table's rows that each rank caches (static, disjoint).
+    flush_workers: background flusher threads per rank.
+    queue: "two_level" (the paper's bucket queue) or "heap" (binary heap, for the ablation).
+    flush_chunk_rows: rows a flusher takes from the queue at once; bounds lock hold times.
+    timeout_s: longest wait on another rank before the run is aborted with an error.
+    """
+
+    lookahead: int = 10
+    cache_ratio: float = 0.05
+    flush_workers: int = 1
+    queue: str = "two_level"
+    flush_chunk_rows: int = 8192
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
+        if not 0.0 <= self.cache_ratio <= 1.0:
+            raise ValueError(f"cache_ratio must be in [0, 1], got {self.cache_ratio}")
+        if self.flush_workers < 0:
+            raise ValueError(f"flush_workers must be >= 0, got {self.flush_workers}")
+        if self.queue not in QUEUE_KINDS:
+            raise ValueError(f"queue must be one of {QUEUE_KINDS}, got {self.queue!r}")
+        if self.flush_chunk_rows < 1:
+            raise ValueError(f"flush_chunk_rows must be >= 1, got {self.flush_chunk_rows}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One logical embedding table served by an engine."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+
+    def __post_init__(self) -> None:
+        if self.num_embeddings <= 0 or self.embedding_dim <= 0:
+            raise ValueError(
+                f"table {self.name!r}: num_embeddings and embedding_dim must be positive, "
+                f"got {self.num_embeddings} x {self.embedding_dim}"
+            )
+
+
+@dataclass
+class OptimizerSpec:
+    """Row optimizer applied identically to cached and host copies.
+
+    Mutable on purpose: a learning-rate change (e.g. through a KeyedOptimizer's param_groups)
+    takes effect at the next update.
+    """
+
+    kind: str = "sgd"
+    lr: float = 0.01
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTIMIZER_KINDS:
+            raise ValueError(f"optimizer kind must be one of {OPTIMIZER_KINDS}, got {self.kind!r}")

@@ -1,0 +1,674 @@
+"""The Frugal engine of one rank: host tables, owner store, lookahead, queue, flushers and gate.
+
+One engine serves a group of tables of equal dimension, fused into one row space. Per step s:
+
+1. ``begin_step``: publish this rank's rows of step s (unless the lookahead already did), then
+   wait at the gate: every owner has applied step s - 1 and has no pending host write read at s.
+2. ``lookup``: rows this rank caches come from its device store, every other row from host.
+3. ``apply_gradients``: stage this rank's coalesced gradients in shared memory sorted by owner;
+   once all ranks staged, each owner sums the gradients of the rows it owns over ranks, applies
+   the optimizer to its copy (cache slot, or a dynamic slot for uncached rows) and queues the
+   host write with priority = the next step at which any rank reads the row from host.
+4. Flushers copy queued rows (weights and optimizer state) to host, lowest priority first.
+
+No rank is special after set-up: the gate reads every owner's progress counters in shared memory.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import deque
+from typing import Callable, Deque, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import shm
+from .config import FrugalConfig, OptimizerSpec, TableSpec
+from .errors import FrugalError, FrugalInputError, RankLostError
+from .gate import (
+    CLOSED,
+    FAILED,
+    FLUSHED,
+    INF_STEP,
+    INGESTED,
+    PID,
+    PUBLISHED,
+    RUNNING,
+    STAGED,
+    STATUS,
+    SYNC,
+    UPDATED,
+    Control,
+    control_field,
+)
+from .lookahead import LookaheadWindow
+from .metrics import StepMetrics
+from .optimizers import apply_update, state_width
+from .owner_cache import Ownership, OwnerStore, assign_ownership
+from .priority_queue import INF, make_queue
+
+InitWeights = Union[Sequence[torch.Tensor], Callable[[int, torch.Tensor], None], None]
+
+
+class FrugalEngine:
+    """Frugal training of a group of equal-dim embedding tables on the ranks of one machine."""
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        optimizer: OptimizerSpec,
+        config: Optional[FrugalConfig] = None,
+        pg: Optional[dist.ProcessGroup] = None,
+        device: Optional[torch.device] = None,
+        init_weights: InitWeights = None,
+        presample_counts: Optional[Sequence[torch.Tensor]] = None,
+        seed: int = 0,
+    ) -> None:
+        if not tables:
+            raise ValueError("FrugalEngine needs at least one table")
+        dims = {t.embedding_dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"tables of one engine must share embedding_dim, got {sorted(dims)}")
+        self.tables = list(tables)
+        self.config = config or FrugalConfig()
+        self.optimizer = optimizer
+        self.device = device or torch.device("cpu")
+        self.dim = dims.pop()
+        sizes = [t.num_embeddings for t in self.tables]
+        self.num_rows = int(sum(sizes))
+        self.table_offsets = torch.tensor([0] + list(np.cumsum(sizes)), dtype=torch.int64)
+        self._offsets_np = self.table_offsets.numpy()
+        self.state_width = state_width(optimizer, self.dim)
+        self.lookahead = self.config.lookahead
+        self._ring = self.lookahead + 2
+
+        self._pg = pg
+        self.rank, self.world_size = self._rank_world()
+        self._check_one_machine()
+        self.run_id = self._broadcast_run_id()
+
+        # Shared memory: host table + control block (rank 0), one mailbox per rank.
+        n, d, s = self.num_rows, self.dim, self.state_width
+        ring_rows = n if self.lookahead > 0 else 0
+        self._host_layout = shm.Layout(
+            [
+                shm.Field("weights", torch.float32, (n, d)),
+                shm.Field("state", torch.float32, (n, s)),
+                control_field(self.world_size),
+            ]
+        )
+        self._box_layout = shm.Layout(
+            [
+                shm.Field("la_step", torch.int64, (self._ring,)),
+                shm.Field("la_counts", torch.int64, (self._ring, self.world_size)),
+                shm.Field("la_rows", torch.int64, (self._ring, ring_rows)),
+                shm.Field("g_counts", torch.int64, (self.world_size,)),
+                shm.Field("g_rows", torch.int64, (n,)),
+                shm.Field("g_grads", torch.float32, (n, d)),
+            ]
+        )
+        created: List[shm.SharedSegment] = []
+        if self.rank == 0:
+            self._host = shm.SharedSegment.create(self._seg("host"), self._host_layout)
+            created.append(self._host)
+            self._init_host(init_weights, seed)
+        my_box = shm.SharedSegment.create(self._seg(f"box{self.rank}"), self._box_layout)
+        created.append(my_box)
+        self._barrier()
+        if self.rank != 0:
+            self._host = shm.SharedSegment.attach(self._seg("host"), self._host_layout)
+        self._boxes = [
+            my_box if r == self.rank else shm.SharedSegment.attach(self._seg(f"box{r}"), self._box_layout)
+            for r in range(self.world_size)
+        ]
+        self._host_w = self._host["weights"]
+        self._host_s = self._host["state"]
+        self.control = Control(self._host["control"], self.rank, self.config.timeout_s)
+        c = self.control
+        c.set(STAGED, -1)
+        c.set(UPDATED, -1)
+        c.set(FLUSHED, int(INF_STEP))
+        c.set(PUBLISHED, -1)
+        c.set(INGESTED, -1)
+        c.set(SYNC, 0)
+        c.set(STATUS, RUNNING)
+        c.set(PID, os.getpid())
+        self._barrier()
+        for seg in created:  # every local rank has mapped it: the name can go
+            seg.unlink()
+
+        # Ownership and the owner store (static cache of hot rows).
+        self.ownership = self._ownership(presample_counts)
+        self._owner_np = self.ownership.owner
+        self._mine_cached = self.ownership.cached & (self._owner_np == self.rank)
+        cached_rows = self.ownership.cached_rows(self.rank)
+        self.store = OwnerStore(self.num_rows, cached_rows, d, s, self.device)
+        idx = torch.from_numpy(cached_rows)
+        self.store.weights[: len(cached_rows)] = self._host_w[idx].to(self.device)
+        self.store.state[: len(cached_rows)] = self._host_s[idx].to(self.device)
+
+        # Pending host writes of the rows this rank owns.
+        self.queue = make_queue(self.config.queue, self.num_rows, self.lookahead)
+        self.window = LookaheadWindow(self.num_rows) if self.lookahead > 0 else None
+        self._version = np.zeros(self.num_rows, dtype=np.int64)
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._flush_mutex = threading.Lock()
+        self._inflight: Optional[int] = None  # progress bound of the chunk being copied
+
+        self.step = 0
+        self._in_step = False
+        self._next_push = 0
+        self._pushed: Deque[Tuple[int, torch.Tensor]] = deque()
+        self._gate_wait = 0.0
+        self._step_t0 = 0.0
+        self._lookups = 0
+        self._hits = 0
+        self._rows_flushed = 0
+        self._bytes_flushed = 0
+        self.total_rows_flushed = 0
+        self.total_bytes_flushed = 0
+        self.last_metrics: Optional[StepMetrics] = None
+
+        self._failure: Optional[BaseException] = None
+        self._stop = False
+        self._closed = False
+        self._flushers = [
+            threading.Thread(target=self._flusher_loop, name=f"frugal-flusher-{self.rank}-{i}", daemon=True)
+            for i in range(self.config.flush_workers)
+        ]
+        for t in self._flushers:
+            t.start()
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _rank_world(self) -> Tuple[int, int]:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(self._pg), dist.get_world_size(self._pg)
+        return 0, 1
+
+    def _collective(self) -> bool:
+        return self.world_size > 1
+
+    def _barrier(self) -> None:
+        if self._collective():
+            dist.barrier(group=self._pg)
+
+    def _gather_objects(self, obj: object) -> List[object]:
+        if not self._collective():
+            return [obj]
+        out: List[object] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._pg)
+        return out
+
+    def _check_one_machine(self) -> None:
+        hosts = self._gather_objects(socket.gethostname())
+        if len(set(hosts)) > 1:
+            raise FrugalError(
+                "Frugal keeps the tables in the host memory of one machine, but the ranks run on "
+                f"different hosts: {dict(enumerate(hosts))}"
+            )
+
+    def _broadcast_run_id(self) -> str:
+        if self.rank == 0:
+            shm.sweep_stale_segments()
+        ids = self._gather_objects(shm.new_run_id() if self.rank == 0 else None)
+        return str(ids[0])
+
+    def _seg(self, kind: str) -> str:
+        return f"{shm.PREFIX}{self.run_id}_{kind}"
+
+    def _init_host(self, init_weights: InitWeights, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self._host["state"].zero_()
+        for t, spec in enumerate(self.tables):
+            lo, hi = int(self._offsets_np[t]), int(self._offsets_np[t + 1])
+            view = self._host["weights"][lo:hi]
+            if init_weights is None:
+                bound = (1.0 / spec.num_embeddings) ** 0.5
+                view.uniform_(-bound, bound, generator=gen)
+            elif callable(init_weights):
+                init_weights(t, view)
+            else:
+                w = init_weights[t]
+                if tuple(w.shape) != (spec.num_embeddings, spec.embedding_dim):
+                    raise FrugalInputError(
+                        f"table {spec.name!r}: initial weights have shape {tuple(w.shape)}, "
+                        f"expected {(spec.num_embeddings, spec.embedding_dim)}"
+                    )
+                view.copy_(w.detach().to("cpu", torch.float32))
+
+    def _ownership(self, presample_counts: Optional[Sequence[torch.Tensor]]) -> Ownership:
+        if presample_counts is None:
+            counts = torch.zeros(self.num_rows, dtype=torch.float64)
+        else:
+            if len(presample_counts) != len(self.tables):
+                raise FrugalInputError(
+                    f"presample_counts has {len(presample_counts)} tensors for {len(self.tables)} tables"
+                )
+            for spec, c in zip(self.tables, presample_counts):
+                if c.numel() != spec.num_embeddings:
+                    raise FrugalInputError(
+                        f"table {spec.name!r}: presample counts have {c.numel()} entries, "
+                        f"expected {spec.num_embeddings}"
+                    )
+            counts = torch.cat([c.reshape(-1).to(torch.float64) for c in presample_counts])
+        if self._collective():
+            dist.all_reduce(counts, group=self._pg)
+        per_table = [counts[int(self._offsets_np[t]) : int(self._offsets_np[t + 1])].numpy() for t in range(len(self.tables))]
+        return assign_ownership(per_table, self.config.cache_ratio, self.world_size)
+
+    # ------------------------------------------------------------------ input checks
+    def rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        """Fused rows of ``ids`` of table index ``table``; raises on ids out of range."""
+        spec = self.tables[table]
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise FrugalInputError(f"table {spec.name!r}: ids must be int32 or int64, got {ids.dtype}")
+        ids = ids.reshape(-1).to("cpu", torch.int64)
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= spec.num_embeddings:
+                bad = lo if lo < 0 else hi
+                raise FrugalInputError(
+                    f"table {spec.name!r}: id {bad} is out of range [0, {spec.num_embeddings})"
+                )
+        return ids + self.table_offsets[table]
+
+    def _check_rows(self, rows: torch.Tensor, what: str) -> torch.Tensor:
+        if rows.dtype != torch.int64:
+            raise FrugalInputError(f"{what}: rows must be int64, got {rows.dtype}")
+        rows = rows.reshape(-1).to("cpu")
+        if rows.numel():
+            lo, hi = int(rows.min()), int(rows.max())
+            if lo < 0 or hi >= self.num_rows:
+                bad = lo if lo < 0 else hi
+                t = int(np.searchsorted(self._offsets_np, bad, side="right")) - 1
+                name = self.tables[t].name if 0 <= t < len(self.tables) else "?"
+                raise FrugalInputError(
+                    f"{what}: row {bad} is outside the fused tables [0, {self.num_rows}) (table {name!r})"
+                )
+        return rows
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise FrugalError(f"rank {self.rank}: a flusher failed: {self._failure!r}") from self._failure
+        if self._closed:
+            raise FrugalError(f"rank {self.rank}: the engine is closed")
+
+    # ------------------------------------------------------------------ lookahead
+    def push_lookahead(self, rows: torch.Tensor) -> None:
+        """Announce the rows of this rank's next future step (steps are pushed in order)."""
+        self._raise_if_failed()
+        t = self._next_push
+        if t > self.step + self.lookahead:
+            raise FrugalInputError(
+                f"lookahead window full: step {t} pushed while step {self.step} runs with lookahead={self.lookahead}"
+            )
+        rows = self._check_rows(rows, f"lookahead batch of step {t}")
+        self._next_push = t + 1
+        self._pushed.append((t, rows.clone()))
+        if self.lookahead > 0:
+            self._guard(lambda: self._publish(t, rows))
+
+    def _publish(self, t: int, rows: torch.Tensor) -> None:
+        """Write the rows this rank reads from host at step t into its ring, sorted by owner."""
+        u = np.unique(rows.numpy())
+        u = u[~self._mine_cached[u]]
+        own = self._owner_np[u]
+        order = np.argsort(own, kind="stable")
+        slot = t % self._ring
+        # The slot held step t - ring; every owner must have ingested it before we overwrite.
+        self.control.wait(
+            lambda: [r for r, w in enumerate(self.control.get(INGESTED)) if w < t - self._ring],
+            f"owners to ingest lookahead step {t - self._ring}",
+        )
+        box = self._boxes[self.rank]
+        box["la_rows"][slot, : u.shape[0]] = torch.from_numpy(u[order])
+        box["la_counts"][slot] = torch.from_numpy(np.bincount(own, minlength=self.world_size))
+        box["la_step"][slot] = t
+        self.control.set(PUBLISHED, t)
+
+    def _ingest_available(self, through: Optional[int] = None) -> None:
+        """Ingest every step all ranks have published (at least through ``through``)."""
+        if self.window is None:
+            return
+        while True:
+            with self._lock:
+                t = self.window.last_step + 1
+                if t > self.queue.base + self.lookahead + 1:
+                    return
+                published = self.control.get(PUBLISHED)
+                if (published < t).any():
+                    if through is not None and t <= through:
+                        raise FrugalError(f"rank {self.rank}: step {t} must be ingested but is not published")
+                    return
+                slot = t % self._ring
+                parts = []
+                for r, box in enumerate(self._boxes):
+                    if int(box["la_step"][slot]) != t:
+                        raise FrugalError(f"rank {r}'s lookahead slot holds step {int(box['la_step'][slot])}, not {t}")
+                    counts = box["la_counts"][slot].numpy()
+                    lo = int(counts[: self.rank].sum())
+                    parts.append(box["la_rows"][slot, lo : lo + int(counts[self.rank])].numpy())
+                rows_t = np.unique(np.concatenate(parts))
+                newly = self.window.add_step(t, rows_t)
+                if newly.size:
+                    deferred = newly[self.queue.priority_of(newly) == INF]
+                    if deferred.size:
+                        self.queue.upsert(deferred, t)
+                self.control.set(INGESTED, t)
+                self._publish_flushed()
+                self._work.notify_all()
+
+    # ------------------------------------------------------------------ the step
+    def begin_step(self, rows: torch.Tensor) -> int:
+        """Start the next step with this rank's rows; returns the step number once the gate opens."""
+        self._raise_if_failed()
+        if self._in_step:
+            raise FrugalError(f"rank {self.rank}: begin_step of step {self.step + 1} before apply_gradients of step {self.step}")
+        s = self.step
+        rows = self._check_rows(rows, f"batch of step {s}")
+        if self._pushed:
+            t, expected = self._pushed[0]
+            if t != s:
+                raise FrugalError(f"rank {self.rank}: lookahead holds step {t} while step {s} starts")
+            if not torch.equal(expected, rows):
+                raise FrugalInputError(
+                    f"step {s}: the batch trained differs from the lookahead batch pushed for it "
+                    f"({rows.numel()} rows trained, {expected.numel()} pushed)"
+                )
+            self._pushed.popleft()
+        else:
+            self._next_push = s + 1
+            if self.lookahead > 0:
+                self._guard(lambda: self._publish(s, rows))
+        self._step_t0 = time.perf_counter()
+        self._gate_wait = self._guard(lambda: self._gate(s))
+        self._in_step = True
+        return s
+
+    def _gate(self, s: int) -> float:
+        def lagging() -> List[int]:
+            updated = self.control.get(UPDATED)
+            flushed = self.control.get(FLUSHED)
+            return [o for o in range(self.world_size) if updated[o] < s - 1 or flushed[o] < s]
+
+        def idle() -> bool:
+            self._ingest_available()
+            return self._flush_once(max_priority=s, wait=False)
+
+        return self.control.wait(lagging, f"the gate of step {s}", idle)
+
+    def lookup(self, rows: torch.Tensor) -> torch.Tensor:
+        """Current values of ``rows`` [n] -> [n, dim]: own cache where possible, host otherwise."""
+        rows = rows.reshape(-1)
+        r_np = rows.numpy()
+        slots = self.store.slot_of[r_np]
+        hit = slots >= 0
+        out = torch.empty(rows.shape[0], self.dim, dtype=torch.float32, device=self.device)
+        hit_t = torch.from_numpy(hit)
+        if hit.any():
+            out[hit_t.to(self.device)] = self.store.weights[torch.from_numpy(slots[hit]).to(self.device)]
+        if not hit.all():
+            miss = ~hit_t
+            out[miss.to(self.device)] = self._host_w[rows[miss]].to(self.device)
+        self._lookups += int(rows.shape[0])
+        self._hits += int(np.count_nonzero(hit & (slots < self.store.num_static)))
+        return out
+
+    def apply_gradients(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> None:
+        """This rank's summed gradient per unique row of the step; collective; ends the step."""
+        self._raise_if_failed()
+        s = self.step
+        if not self._in_step:
+            raise FrugalError(f"rank {self.rank}: apply_gradients without begin_step (step {s})")
+        rows = self._check_rows(unique_rows, f"gradients of step {s}")
+        if grads.shape != (rows.shape[0], self.dim):
+            raise FrugalInputError(
+                f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
+            )
+        self._guard(lambda: self._update(s, rows, grads.detach().to("cpu", torch.float32)))
+        self._in_step = False
+        self.step = s + 1
+
+    def _update(self, s: int, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        # Stage: this rank's gradients, sorted by owner, into its mailbox.
+        r_np = rows.numpy()
+        own = self._owner_np[r_np]
+        order = torch.from_numpy(np.argsort(own, kind="stable"))
+        k = r_np.shape[0]
+        box = self._boxes[self.rank]
+        box["g_rows"][:k] = rows[order]
+        box["g_grads"][:k] = grads[order]
+        box["g_counts"].copy_(torch.from_numpy(np.bincount(own, minlength=self.world_size)))
+        self.control.set(STAGED, s)
+        self.control.wait(
+            lambda: [r for r, v in enumerate(self.control.get(STAGED)) if v < s],
+            f"gradients of step {s}",
+            idle=lambda: self._flush_once(max_priority=None, wait=False),
+        )
+        # Sum the gradients of the rows this rank owns over all ranks (rank order: deterministic).
+        parts_r, parts_g = [], []
+        for b in self._boxes:
+            counts = b["g_counts"].numpy()
+            lo = int(counts[: self.rank].sum())
+            hi = lo + int(counts[self.rank])
+            parts_r.append(b["g_rows"][lo:hi])
+            parts_g.append(b["g_grads"][lo:hi])
+        cat_r = torch.cat(parts_r)
+        cat_g = torch.cat(parts_g)
+        uniq, inv = torch.unique(cat_r, return_inverse=True)
+        summed = torch.zeros(uniq.shape[0], self.dim, dtype=torch.float32).index_add_(0, inv, cat_g)
+
+        self._ingest_available(through=s)
+        u_np = uniq.numpy()
+        with self._lock:
+            if self.window is not None:
+                self.window.retire(s)
+            self.queue.advance(s + 1)
+            store = self.store
+            slots = store.slot_of[u_np]
+            fresh = slots < 0
+            if fresh.any():
+                new_rows = u_np[fresh]
+                new_slots = store.alloc(new_rows)
+                nr = torch.from_numpy(new_rows)
+                ns = torch.from_numpy(new_slots).to(self.device)
+                store.weights[ns] = self._host_w[nr].to(self.device)
+                store.state[ns] = self._host_s[nr].to(self.device)
+                slots[fresh] = new_slots
+            sl = torch.from_numpy(slots).to(self.device)
+            w = store.weights[sl]
+            st = store.state[sl]
+            apply_update(self.optimizer, w, st, summed.to(self.device), s)
+            store.weights[sl] = w
+            store.state[sl] = st
+            self._version[u_np] += 1
+            if self.window is None:
+                prio: Union[int, np.ndarray] = s + 1
+            else:
+                prio = self.window.priorities(u_np)
+            if u_np.size:
+                self.queue.upsert(u_np, prio)
+            self._publish_flushed()
+            self.control.set(UPDATED, s)
+            self._work.notify_all()
+        self._record_metrics(s)
+
+    def _record_metrics(self, s: int) -> None:
+        with self._lock:
+            depth = self.queue.bucket_sizes()
+            pending = len(self.queue)
+            rows_f, bytes_f = self._rows_flushed, self._bytes_flushed
+            self._rows_flushed = self._bytes_flushed = 0
+        self.last_metrics = StepMetrics(
+            step=s,
+            gate_wait_s=self._gate_wait,
+            step_time_s=time.perf_counter() - self._step_t0,
+            queue_depth=depth,
+            pending_rows=pending,
+            rows_flushed=rows_f,
+            bytes_flushed=bytes_f,
+            lookups=self._lookups,
+            cache_hits=self._hits,
+            dynamic_rows=self.store.dynamic_in_use,
+        )
+        self._lookups = self._hits = 0
+
+    # ------------------------------------------------------------------ flushing
+    def _publish_flushed(self) -> None:
+        """Publish the step through which this owner's host rows are current (lock held)."""
+        bound = int(INF_STEP)
+        m = self.queue.min_priority()
+        if m is not None:
+            bound = m - 1 if m != INF else self.window.last_step  # type: ignore[union-attr]
+        if self._inflight is not None:
+            bound = min(bound, self._inflight)
+        self.control.set(FLUSHED, bound)
+
+    def _flush_once(self, max_priority: Optional[int], wait: bool = True) -> bool:
+        """Copy one chunk of the lowest-priority pending rows to host; False if nothing was due.
+
+        Chunks of one rank are copied one at a time: a row re-queued while its older copy is in
+        flight must not have its newer copy overtaken by the older one.
+        """
+        if not self._flush_mutex.acquire(blocking=wait):
+            return False
+        try:
+            with self._lock:
+                m = self.queue.min_priority()
+                if m is None or (max_priority is not None and m > max_priority):
+                    return False
+                rows, prio = self.queue.pop_min(self.config.flush_chunk_rows)
+                # While in flight these rows are still stale on host: a finite chunk bounds the
+                # published progress by prio - 1, an INF chunk by the window as it is now.
+                self._inflight = prio - 1 if prio != INF else self.window.last_step  # type: ignore[union-attr]
+                slots = self.store.slot_of[rows]
+                snapshot = self._version[rows].copy()
+                src_w, src_s = self.store.weights, self.store.state
+            r = torch.from_numpy(rows)
+            sl = torch.from_numpy(slots).to(self.device)
+            self._host_w[r] = src_w[sl].to("cpu")
+            if self.state_width:
+                self._host_s[r] = src_s[sl].to("cpu")
+            with self._lock:
+                # Rows updated meanwhile were re-queued by the update and stay pending.
+                done = rows[self._version[rows] == snapshot]
+                dynamic = done[self.store.slot_of[done] >= self.store.num_static]
+                if dynamic.size:
+                    self.store.release(dynamic)
+                self._inflight = None
+                self._publish_flushed()
+                nbytes = int(rows.shape[0]) * (self.dim + self.state_width) * 4
+                self._rows_flushed += int(rows.shape[0])
+                self._bytes_flushed += nbytes
+                self.total_rows_flushed += int(rows.shape[0])
+                self.total_bytes_flushed += nbytes
+            return True
+        finally:
+            self._flush_mutex.release()
+
+    def _flusher_loop(self) -> None:
+        try:
+            while not self._stop:
+                self._ingest_available()
+                if not self._flush_once(max_priority=None):
+                    with self._work:
+                        if not self._stop and self.queue.min_priority() is None:
+                            self._work.wait(timeout=0.01)
+        except BaseException as e:  # surfaced to the training thread at its next call
+            self._failure = e
+            self.control.set(STATUS, FAILED)
+
+    def flush(self) -> None:
+        """Collective: apply every pending host write of every rank; host then equals the caches."""
+        self._raise_if_failed()
+        if self._in_step:
+            raise FrugalError(f"rank {self.rank}: flush inside step {self.step}")
+
+        def drain() -> None:
+            while True:
+                while self._flush_once(max_priority=None):
+                    pass
+                with self._lock:
+                    if len(self.queue) == 0 and self._inflight is None:
+                        return
+                time.sleep(1e-4)
+
+        self._guard(drain)
+        self._guard(lambda: self._sync("flush"))
+
+    def _sync(self, what: str) -> None:
+        mine = int(self.control.get(SYNC)[self.rank]) + 1
+        self.control.set(SYNC, mine)
+        self.control.wait(lambda: [r for r, v in enumerate(self.control.get(SYNC)) if v < mine], what)
+
+    # ------------------------------------------------------------------ checkpoints
+    def read_rows(self, rows: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(weights, optimizer state) of ``rows`` (all rows if None) from host; call after flush()."""
+        if rows is None:
+            return self._host_w.clone(), self._host_s.clone()
+        rows = self._check_rows(rows, "read_rows")
+        return self._host_w[rows], self._host_s[rows]
+
+    def write_rows(self, rows: torch.Tensor, weights: torch.Tensor, state: Optional[torch.Tensor] = None) -> None:
+        """Collective load: every rank passes the same rows/values; owners write host, caches refresh."""
+        rows = self._check_rows(rows, "write_rows")
+        if weights.shape != (rows.shape[0], self.dim):
+            raise FrugalInputError(f"write_rows: weights of shape {tuple(weights.shape)} for {rows.shape[0]} rows")
+        if state is not None and state.shape != (rows.shape[0], self.state_width):
+            raise FrugalInputError(f"write_rows: state of shape {tuple(state.shape)}, expected width {self.state_width}")
+        self.flush()
+        mine = torch.from_numpy(self._owner_np[rows.numpy()] == self.rank)
+        self._host_w[rows[mine]] = weights[mine].to("cpu", torch.float32)
+        if state is not None and self.state_width:
+            self._host_s[rows[mine]] = state[mine].to("cpu", torch.float32)
+        self._guard(lambda: self._sync("write_rows"))
+        slots = self.store.slot_of[rows.numpy()]
+        cached = torch.from_numpy(slots >= 0)
+        sl = torch.from_numpy(slots[slots >= 0]).to(self.device)
+        self.store.weights[sl] = self._host_w[rows[cached]].to(self.device)
+        self.store.state[sl] = self._host_s[rows[cached]].to(self.device)
+        self._guard(lambda: self._sync("write_rows refresh"))
+
+    # ------------------------------------------------------------------ failure and shutdown
+    def _guard(self, fn: Callable[[], object]) -> object:
+        """Run a step of the protocol; any failure marks this rank failed so peers stop waiting."""
+        try:
+            return fn()
+        except FrugalInputError:
+            raise
+        except BaseException:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        self.control.set(STATUS, FAILED)
+        self._stop_flushers()
+        shm.remove_run_segments(self.run_id)
+
+    def _stop_flushers(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._work.notify_all()
+        for t in self._flushers:
+            if t is not threading.current_thread():
+                t.join(timeout=self.config.timeout_s)
+
+    def close(self) -> None:
+        """Stop the flushers; pending writes are dropped unless flush() ran first."""
+        if self._closed:
+            return
+        self._stop_flushers()
+        if self.control.get(STATUS)[self.rank] != FAILED:
+            self.control.set(STATUS, CLOSED)
+        self._closed = True
+
+    def __enter__(self) -> "FrugalEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

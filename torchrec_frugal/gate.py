@@ -1,0 +1,93 @@
+"""Per-rank progress counters in shared memory, and the waits built on them.
+
+There is no central controller: each rank publishes how far it has got (grads staged, updates
+applied, host flushed through step t, lookahead published and ingested) in one shared int64
+block, and every wait reads those counters. The gate of step s is one such wait: it passes when
+every owner has applied the updates of step s - 1 and has no pending host write that step s reads.
+Waits watch the peers' pids and give up after a timeout, naming the rank at fault.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, List
+
+import numpy as np
+import torch
+
+from .errors import RankLostError
+from .shm import Field, pid_alive
+
+INF_STEP = np.int64(2**62)  # "flushed through forever": the rank has no pending host write
+
+PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC = range(8)
+NUM_FIELDS = 8
+RUNNING, CLOSED, FAILED = 0, 1, 2
+
+
+def control_field(world_size: int) -> Field:
+    return Field("control", torch.int64, (world_size, NUM_FIELDS))
+
+
+class Control:
+    """Typed access to the shared counters; ``block[r, FIELD]``."""
+
+    def __init__(self, block: torch.Tensor, rank: int, timeout_s: float) -> None:
+        self.block = block.numpy()
+        self.rank = rank
+        self.world_size = self.block.shape[0]
+        self.timeout_s = timeout_s
+
+    def set(self, field: int, value: int) -> None:
+        self.block[self.rank, field] = value
+
+    def get(self, field: int) -> np.ndarray:
+        return self.block[:, field].copy()
+
+    def wait(self, lagging: Callable[[], List[int]], what: str, idle: Callable[[], bool] | None = None) -> float:
+        """Block until ``lagging()`` is empty; returns seconds waited.
+
+        ``idle`` is called between polls and returns True if it did useful work (then we poll
+        again at once). Raises RankLostError if a rank we wait for died, failed or closed, or if
+        nothing changed for ``timeout_s``.
+        """
+        t0 = time.perf_counter()
+        waiting = lagging()
+        if not waiting:
+            return 0.0
+        sleep = 20e-6
+        last_check = t0
+        deadline = t0 + self.timeout_s
+        while waiting:
+            if idle is not None and idle():
+                sleep = 20e-6
+            else:
+                time.sleep(sleep)
+                sleep = min(sleep * 2, 1e-3)
+            now = time.perf_counter()
+            if now - last_check > 0.1:
+                last_check = now
+                self._check_peers(waiting, what)
+                if now > deadline:
+                    raise RankLostError(
+                        f"rank {self.rank} waited {self.timeout_s:.0f} s for {what}; "
+                        f"rank(s) {waiting} made no progress (timeout_s={self.timeout_s})"
+                    )
+            waiting = lagging()
+        return time.perf_counter() - t0
+
+    def _check_peers(self, waiting: List[int], what: str) -> None:
+        status = self.get(STATUS)
+        pids = self.get(PID)
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            if status[r] == FAILED:
+                raise RankLostError(f"rank {r} (pid {pids[r]}) failed while rank {self.rank} waited for {what}")
+            if r in waiting and status[r] == CLOSED:
+                raise RankLostError(
+                    f"rank {r} (pid {pids[r]}) closed its engine while rank {self.rank} waited for {what}"
+                )
+            if r in waiting and not pid_alive(int(pids[r])):
+                raise RankLostError(
+                    f"rank {r} (pid {pids[r]}) is gone (killed or exited) while rank {self.rank} waited for {what}"
+                )

@@ -285,11 +285,12 @@ class FrugalEngine:
             lo, hi = int(rows.min()), int(rows.max())
             if lo < 0 or hi >= self.num_rows:
                 bad = lo if lo < 0 else hi
-                t = int(np.searchsorted(self._offsets_np, bad, side="right")) - 1
-                name = self.tables[t].name if 0 <= t < len(self.tables) else "?"
-                raise FrugalInputError(
-                    f"{what}: row {bad} is outside the fused tables [0, {self.num_rows}) (table {name!r})"
+                where = (
+                    f"before the first table {self.tables[0].name!r}"
+                    if bad < 0
+                    else f"beyond the last table {self.tables[-1].name!r}"
                 )
+                raise FrugalInputError(f"{what}: row {bad} is outside the fused tables [0, {self.num_rows}) ({where})")
         return rows
 
     def _raise_if_failed(self) -> None:
@@ -581,7 +582,7 @@ class FrugalEngine:
                             self._work.wait(timeout=0.01)
         except BaseException as e:  # surfaced to the training thread at its next call
             self._failure = e
-            self.control.set(STATUS, FAILED)
+            self.control.fail(self.rank)
 
     def flush(self) -> None:
         """Collective: apply every pending host write of every rank; host then equals the caches."""
@@ -641,12 +642,15 @@ class FrugalEngine:
             return fn()
         except FrugalInputError:
             raise
+        except RankLostError as e:
+            self._abort(e.lost_rank)
+            raise
         except BaseException:
-            self._abort()
+            self._abort(self.rank)
             raise
 
-    def _abort(self) -> None:
-        self.control.set(STATUS, FAILED)
+    def _abort(self, cause_rank: int) -> None:
+        self.control.fail(cause_rank)
         self._stop_flushers()
         shm.remove_run_segments(self.run_id)
 

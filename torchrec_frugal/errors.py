@@ -11,3 +11,7 @@ class FrugalInputError(ValueError):
 
 class RankLostError(FrugalError):
     """A peer rank died or stopped making progress; the run cannot stay synchronous."""
+
+    def __init__(self, message: str, lost_rank: int) -> None:
+        super().__init__(message)
+        self.lost_rank = lost_rank

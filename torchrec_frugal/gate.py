@@ -19,8 +19,8 @@ from .shm import Field, pid_alive
 
 INF_STEP = np.int64(2**62)  # "flushed through forever": the rank has no pending host write
 
-PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC = range(8)
-NUM_FIELDS = 8
+PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC, CAUSE = range(9)
+NUM_FIELDS = 9  # CAUSE: 1 + the rank whose loss made this rank fail (its own rank otherwise)
 RUNNING, CLOSED, FAILED = 0, 1, 2
 
 
@@ -70,24 +70,39 @@ class Control:
                 if now > deadline:
                     raise RankLostError(
                         f"rank {self.rank} waited {self.timeout_s:.0f} s for {what}; "
-                        f"rank(s) {waiting} made no progress (timeout_s={self.timeout_s})"
+                        f"rank(s) {waiting} made no progress (timeout_s={self.timeout_s})",
+                        lost_rank=waiting[0],
                     )
             waiting = lagging()
         return time.perf_counter() - t0
 
+    def fail(self, cause_rank: int) -> None:
+        """Mark this rank failed, recording which rank's loss caused it (for the peers' messages)."""
+        self.block[self.rank, CAUSE] = cause_rank + 1
+        self.block[self.rank, STATUS] = FAILED
+
     def _check_peers(self, waiting: List[int], what: str) -> None:
         status = self.get(STATUS)
         pids = self.get(PID)
-        for r in range(self.world_size):
-            if r == self.rank:
-                continue
+        others = [r for r in range(self.world_size) if r != self.rank]
+        # A dead process is the root cause; report it before the ranks that failed because of it.
+        for r in others:
+            if status[r] != CLOSED and not pid_alive(int(pids[r])):
+                raise RankLostError(
+                    f"rank {r} (pid {pids[r]}) is gone (killed or exited) while rank {self.rank} waited for {what}",
+                    lost_rank=r,
+                )
+        for r in others:
             if status[r] == FAILED:
-                raise RankLostError(f"rank {r} (pid {pids[r]}) failed while rank {self.rank} waited for {what}")
+                cause = int(self.block[r, CAUSE]) - 1
+                if 0 <= cause != r:
+                    raise RankLostError(
+                        f"rank {cause} (pid {pids[cause]}) was lost (reported by rank {r}) while rank {self.rank} "
+                        f"waited for {what}",
+                        lost_rank=cause,
+                    )
+                raise RankLostError(f"rank {r} (pid {pids[r]}) failed while rank {self.rank} waited for {what}", lost_rank=r)
             if r in waiting and status[r] == CLOSED:
                 raise RankLostError(
-                    f"rank {r} (pid {pids[r]}) closed its engine while rank {self.rank} waited for {what}"
-                )
-            if r in waiting and not pid_alive(int(pids[r])):
-                raise RankLostError(
-                    f"rank {r} (pid {pids[r]}) is gone (killed or exited) while rank {self.rank} waited for {what}"
+                    f"rank {r} (pid {pids[r]}) closed its engine while rank {self.rank} waited for {what}", lost_rank=r
                 )

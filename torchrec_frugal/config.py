@@ -18,6 +18,9 @@ class FrugalConfig:
     flush_workers: background flusher threads per rank.
     queue: "two_level" (the paper's bucket queue) or "heap" (binary heap, for the ablation).
     flush_chunk_rows: rows a flusher takes from the queue at once; bounds lock hold times.
+    max_deferred_rows: rows that may wait in the infinity bucket (no read in the window) before
+        the flushers drain it. Deferral coalesces repeated updates of a row into one host write;
+        the bound caps the device memory that uncached deferred rows hold.
     timeout_s: longest wait on another rank before the run is aborted with an error.
     """
 
@@ -26,6 +29,7 @@ class FrugalConfig:
     flush_workers: int = 1
     queue: str = "two_level"
     flush_chunk_rows: int = 8192
+    max_deferred_rows: int = 65536
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -39,6 +43,8 @@ class FrugalConfig:
             raise ValueError(f"queue must be one of {QUEUE_KINDS}, got {self.queue!r}")
         if self.flush_chunk_rows < 1:
             raise ValueError(f"flush_chunk_rows must be >= 1, got {self.flush_chunk_rows}")
+        if self.max_deferred_rows < 0:
+            raise ValueError(f"max_deferred_rows must be >= 0, got {self.max_deferred_rows}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
@@ -78,3 +84,9 @@ class OptimizerSpec:
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZER_KINDS:
             raise ValueError(f"optimizer kind must be one of {OPTIMIZER_KINDS}, got {self.kind!r}")
+        for name in ("lr", "eps", "weight_decay"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

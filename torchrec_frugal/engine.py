@@ -449,7 +449,7 @@ class FrugalEngine:
         self.control.wait(
             lambda: [r for r, v in enumerate(self.control.get(STAGED)) if v < s],
             f"gradients of step {s}",
-            idle=lambda: self._flush_once(max_priority=None, wait=False),
+            idle=lambda: self._flush_once(max_priority=self._background_bound(), wait=False),
         )
         # Sum the gradients of the rows this rank owns over all ranks (rank order: deterministic).
         parts_r, parts_g = [], []
@@ -572,13 +572,23 @@ class FrugalEngine:
         finally:
             self._flush_mutex.release()
 
+    def _background_bound(self) -> int:
+        """Highest priority worth flushing ahead of need: any finite one, INF only past the bound.
+
+        Rows nobody reads within the window stay deferred, so that further updates of the same
+        row coalesce into one host write, until too many of them wait.
+        """
+        with self._lock:
+            deferred = int(self.queue.bucket_sizes()[-1])
+        return INF if deferred > self.config.max_deferred_rows else INF - 1
+
     def _flusher_loop(self) -> None:
         try:
             while not self._stop:
                 self._ingest_available()
-                if not self._flush_once(max_priority=None):
+                if not self._flush_once(max_priority=self._background_bound()):
                     with self._work:
-                        if not self._stop and self.queue.min_priority() is None:
+                        if not self._stop:
                             self._work.wait(timeout=0.01)
         except BaseException as e:  # surfaced to the training thread at its next call
             self._failure = e

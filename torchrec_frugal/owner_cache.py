@@ -41,7 +41,8 @@ def assign_ownership(
         n = c.shape[0]
         owner = (np.arange(n, dtype=np.int64) % world_size).astype(np.int16)
         is_cached = np.zeros(n, dtype=bool)
-        k = min(n, int(cache_ratio * n) * world_size) if cache_ratio < 1.0 else n
+        per_rank = int(cache_ratio * n + 1e-9)  # tolerate float error: 0.29 * 100 is 28.999...
+        k = min(n, per_rank * world_size) if cache_ratio < 1.0 else n
         if k > 0:
             # Hottest first; ties broken by row id so every rank computes the same order.
             order = np.lexsort((np.arange(n), -c.astype(np.int64)))[:k]
@@ -91,6 +92,8 @@ class OwnerStore:
     def release(self, rows: np.ndarray) -> None:
         """Return the dynamic slots of ``rows`` (uncached rows that were flushed)."""
         slots = self.slot_of[rows]
+        if slots.size and slots.min() < self.num_static:
+            raise ValueError("release() takes rows held in dynamic slots only")
         self.slot_of[rows] = -1
         k = slots.shape[0]
         if self._nfree + k > self._free.shape[0]:

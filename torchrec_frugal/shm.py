@@ -135,10 +135,10 @@ class SharedSegment:
         self.name = name
         self.layout = layout
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        if create:
+        fd = os.open(_path(name), flags, 0o600)
+        if create:  # only a name we created is ours to unlink at exit
             with _owned_lock:
                 _owned[name] = None
-        fd = os.open(_path(name), flags, 0o600)
         try:
             if create:
                 os.ftruncate(fd, layout.nbytes)

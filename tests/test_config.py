@@ -1,0 +1,120 @@
+"""Configuration validation: every error names the bad field and the bad value."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from torchrec_frugal.config import OPTIMIZER_KINDS, QUEUE_KINDS, FrugalConfig, OptimizerSpec, TableSpec
+
+
+def test_defaults_are_valid():
+    cfg = FrugalConfig()
+    assert (cfg.lookahead, cfg.cache_ratio, cfg.queue) == (10, 0.05, "two_level")
+    assert OptimizerSpec().kind == "sgd"
+    TableSpec("t", 1, 1)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("lookahead", -1),
+        ("cache_ratio", -0.01),
+        ("cache_ratio", 1.5),
+        ("cache_ratio", float("nan")),
+        ("flush_workers", -2),
+        ("queue", "fifo"),
+        ("flush_chunk_rows", 0),
+        ("max_deferred_rows", -1),
+        ("timeout_s", 0.0),
+        ("timeout_s", -3.0),
+    ],
+)
+def test_frugal_config_rejects(field, value):
+    with pytest.raises(ValueError) as ei:
+        FrugalConfig(**{field: value})
+    msg = str(ei.value)
+    assert field in msg
+    assert (repr(value) if isinstance(value, str) else str(value)) in msg
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(lookahead=0),  # write-through ablation
+        dict(cache_ratio=0.0),
+        dict(cache_ratio=1.0),
+        dict(flush_workers=0),
+        dict(flush_chunk_rows=1),
+        dict(max_deferred_rows=0),
+        dict(queue="heap"),
+        dict(timeout_s=0.001),
+    ],
+)
+def test_frugal_config_accepts_boundaries(kw):
+    cfg = FrugalConfig(**kw)
+    for k, v in kw.items():
+        assert getattr(cfg, k) == v
+
+
+def test_queue_error_lists_choices():
+    with pytest.raises(ValueError) as ei:
+        FrugalConfig(queue="Heap")
+    for q in QUEUE_KINDS:
+        assert q in str(ei.value)
+    assert "'Heap'" in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "rows,dim,field,value",
+    [(0, 8, "num_embeddings", 0), (-5, 8, "num_embeddings", -5), (10, 0, "embedding_dim", 0), (10, -1, "embedding_dim", -1)],
+)
+def test_table_spec_rejects(rows, dim, field, value):
+    with pytest.raises(ValueError) as ei:
+        TableSpec("user_id", rows, dim)
+    msg = str(ei.value)
+    assert "'user_id'" in msg and field in msg
+    assert re.search(rf"(?<![\d-]){value}(?!\d)", msg), msg
+
+
+def test_table_spec_is_frozen():
+    t = TableSpec("t", 4, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.num_embeddings = 5  # type: ignore[misc]
+
+
+def test_optimizer_spec_rejects_kind():
+    with pytest.raises(ValueError) as ei:
+        OptimizerSpec(kind="adagrad")
+    msg = str(ei.value)
+    assert "'adagrad'" in msg and "kind" in msg
+    for k in OPTIMIZER_KINDS:
+        assert k in msg
+
+
+def test_optimizer_spec_is_mutable():
+    spec = OptimizerSpec(kind="rowwise_adagrad", lr=0.1)
+    spec.lr = 0.05  # a learning-rate schedule changes the spec in place
+    assert spec.lr == 0.05
+    assert OptimizerSpec().extra is not OptimizerSpec().extra
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("lr", -0.1),
+        ("eps", -1e-8),
+        ("beta1", 1.0),  # bias correction 1 - beta1**t == 0: adam divides by zero
+        ("beta1", -0.1),
+        ("beta2", 1.0),
+        ("beta2", 1.5),
+        ("weight_decay", -0.01),
+    ],
+)
+def test_optimizer_spec_rejects_numeric(field, value):
+    """Same ranges as torch.optim.Adam: lr >= 0, eps >= 0, 0 <= beta < 1, weight_decay >= 0."""
+    with pytest.raises(ValueError) as ei:
+        OptimizerSpec(kind="adam", **{field: value})
+    msg = str(ei.value)
+    assert field in msg and str(value) in msg

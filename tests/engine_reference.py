@@ -29,6 +29,7 @@ class Scenario:
     ids_per_step: int = 48
     queue: str = "two_level"
     flush_workers: int = 1
+    max_deferred_rows: int = 65536
     seed: int = 0
     broken_lookahead: bool = False  # negative control: hide every host read from the owners
 
@@ -50,7 +51,8 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     spec = OptimizerSpec(kind=sc.optimizer, lr=lr)
     wl = ZipfWorkload(sc.table_rows, sc.ids_per_step, s=1.2, seed=sc.seed)
     cfg = FrugalConfig(lookahead=sc.lookahead, cache_ratio=sc.cache_ratio, queue=sc.queue,
-                       flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60)
+                       flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60,
+                       max_deferred_rows=sc.max_deferred_rows)
     eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed)
     if sc.broken_lookahead:
         # Owners then see no future host reads, defer every flush, and the gate never waits:

@@ -21,6 +21,8 @@ def _matrix_2() -> list:
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="adam", steps=STEPS),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, queue="heap"),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=0),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=2, max_deferred_rows=100),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True),
     ]
 
@@ -36,7 +38,7 @@ def _matrix_4() -> list:
             (10, 1.0, "rowwise_adagrad"),
             (1, 1.0, "sgd"),
         ]
-    ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
+    ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0)] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
 
 
 def _check(world: int, scenarios: list, results: list) -> None:

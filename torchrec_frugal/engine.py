@@ -496,7 +496,14 @@ class FrugalEngine:
                 self.queue.upsert(u_np, prio)
             self._publish_flushed()
             self.control.set(UPDATED, s)
-            self._work.notify_all()
+        # Rows the very next step reads from host are due at once: write them on this thread
+        # instead of waiting for a flusher to be scheduled; the flushers take what can wait.
+        while self._flush_once(max_priority=s + 1):
+            pass
+        with self._work:
+            m = self.queue.min_priority()
+            if m is not None and m != INF:
+                self._work.notify()
         self._record_metrics(s)
 
     def _record_metrics(self, s: int) -> None:

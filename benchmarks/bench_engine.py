@@ -1,0 +1,579 @@
+"""Per-step cost of the Frugal engine, with and without flush work, and the gate stall share.
+
+Spawns ``--world`` ranks (gloo, one thread of intra-op parallelism each, one process group reused
+for every run) and trains the same synthetic DLRM-like workload in several modes, alternating the
+modes within each repetition so that drifts of the machine hit every mode alike:
+
+* ``frugal``        L=10, two-level queue, background flushers (the paper's mechanism).
+* ``heap``          L=10, binary-heap queue (the paper's ablation of the queue).
+* ``write_through`` L=0: every update reaches host before the next step (no proactive flushing).
+* ``no_flush``      the same per-rank work with no flush work at all: every rank trains alone on
+                    its own batches (an engine over a one-rank process group, cache_ratio=1.0,
+                    flush_workers=0). All rows sit in the rank's own cache, nobody reads host, no
+                    gradients are exchanged, and nothing is flushed during the timed steps. The
+                    ranks still run side by side, so they compete for the cores as in the others.
+* ``no_flush_sync`` no_flush plus one gloo all-reduce of one float per step where apply_gradients
+                    exchanges gradients: the step barrier of synchronous training without any
+                    flush, so that waiting for the slowest rank is not charged to flushing.
+
+Every step of every mode is: push the lookahead batch of step s + L -> begin_step(rows) (gate)
+-> lookup(rows) -> dense compute standing in for the model (per-sample concat of the looked-up
+rows -> MLP -> BCE, forward and backward; dense weights updated by local SGD, no all-reduce) ->
+coalesce the row gradients (unique + index_add) -> apply_gradients. Ids: Zipf(s=1.2) over
+permuted rows of 4 tables shaped like a scaled-down Criteo (200k, 100k, 50k, 10k rows x dim 32
+by default), one id per sample and table, ``--batch`` samples per rank and step. The owners'
+hot rows come from id counts of the first 50 batches. Batches are generated before timing and
+are the same in every mode and repetition.
+
+    python benchmarks/bench_engine.py [--world 2] [--steps 100] [--repeats 5] [--json PATH]
+
+Reported per mode (median over repetitions of per-run means, ranks averaged):
+step time (mean, and p90 of single steps), engine time (step minus dense compute minus gradient
+coalescing), dense time, gate wait, gate stall fraction (gate wait / step time), flush time on
+the training thread (flushes the gate or the gradient exchange did themselves), rows and MB
+flushed per step (all ranks together), cache hit ratio, samples/s (all ranks together), and the
+CPU seconds per step of the training thread, the flusher threads and the whole rank process.
+
+Instrumentation reaches into the engine (``_flush_once``, ``control.wait``, ``_flushers``,
+``queue``, ``store``) by wrapping, without changing what it does; it follows the engine's
+internals and must follow them when they change. The machine's load from other processes during
+the run is measured from /proc/stat and printed: on a shared machine it moves every wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import multiprocessing as mp
+import os
+import platform
+import pstats
+import socket
+import statistics
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
+
+
+# ---------------------------------------------------------------------------------- modes
+def mode_config(mode: str, args: argparse.Namespace):
+    from torchrec_frugal.config import FrugalConfig
+
+    common = dict(flush_chunk_rows=args.chunk, max_deferred_rows=args.max_deferred_rows, timeout_s=120.0)
+    if mode == "frugal":
+        return FrugalConfig(lookahead=args.lookahead, cache_ratio=args.cache_ratio, queue="two_level",
+                            flush_workers=args.flush_workers, **common)
+    if mode == "heap":
+        return FrugalConfig(lookahead=args.lookahead, cache_ratio=args.cache_ratio, queue="heap",
+                            flush_workers=args.flush_workers, **common)
+    if mode == "write_through":
+        return FrugalConfig(lookahead=0, cache_ratio=args.cache_ratio, queue="two_level",
+                            flush_workers=args.flush_workers, **common)
+    if mode in ("no_flush", "no_flush_sync"):
+        return FrugalConfig(lookahead=args.lookahead, cache_ratio=1.0, queue="two_level",
+                            flush_workers=0, **common)
+    raise ValueError(f"unknown mode {mode!r}; valid: {MODES}")
+
+
+# ---------------------------------------------------------------------------------- one rank
+class FlushTimer:
+    """Wraps an engine's ``_flush_once`` to time flushes by thread (training thread vs flushers).
+
+    Instrumentation only: the engine looks the method up on the instance at every call, so the
+    gate, the gradient exchange and the flusher threads all go through the wrapper.
+    """
+
+    def __init__(self, eng: Any) -> None:
+        self.inner = eng._flush_once
+        self.main = threading.get_ident()
+        self.main_s = 0.0
+        self.bg_s = 0.0
+        self.main_rows_before = 0
+        eng._flush_once = self
+
+    def __call__(self, *a: Any, **k: Any) -> bool:
+        t0 = time.perf_counter()
+        did = self.inner(*a, **k)
+        if did:
+            dt = time.perf_counter() - t0
+            if threading.get_ident() == self.main:
+                self.main_s += dt
+            else:
+                self.bg_s += dt
+        return did
+
+
+def thread_cpu_s(native_ids: List[int]) -> float:
+    """CPU seconds (user + system) of threads of this process, from /proc (10 ms resolution)."""
+    total = 0
+    for tid in native_ids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class WaitTimer:
+    """Wraps an engine's ``control.wait`` to add up the seconds waited per kind of wait."""
+
+    KINDS = (("the gate", "gate"), ("gradients of step", "exchange"), ("owners to ingest", "ring"))
+
+    def __init__(self, control: Any) -> None:
+        self.inner = control.wait
+        self.s = {"gate": 0.0, "exchange": 0.0, "ring": 0.0, "other": 0.0}
+        control.wait = self
+
+    def __call__(self, lagging: Any, what: str, idle: Any = None) -> float:
+        waited = self.inner(lagging, what, idle)
+        kind = next((k for prefix, k in self.KINDS if what.startswith(prefix)), "other")
+        self.s[kind] += waited
+        return waited
+
+
+def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: Dict[str, Any],
+             solo_pg: Any, bar: Any) -> Dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from torchrec_frugal.config import OptimizerSpec, TableSpec
+    from torchrec_frugal.engine import FrugalEngine
+
+    cfg = mode_config(mode, args)
+    tables = [TableSpec(f"t{i}", n, args.dim) for i, n in enumerate(data["table_rows"])]
+    opt = OptimizerSpec(kind=args.optimizer, lr=0.01)
+    solo = mode.startswith("no_flush")
+    pg = solo_pg if solo else None
+    counts = data["counts_solo"] if solo else data["counts"]
+    sync = torch.zeros(1) if mode == "no_flush_sync" else None
+    dist.barrier()
+    t_setup = time.perf_counter()
+    eng = FrugalEngine(tables, opt, cfg, pg=pg, presample_counts=counts, seed=args.seed)
+    setup_s = time.perf_counter() - t_setup
+    timer = FlushTimer(eng)
+    waits = WaitTimer(eng.control)
+
+    torch.manual_seed(args.seed)
+    T, B, d = len(tables), args.batch, args.dim
+    layers: List[torch.nn.Module] = []
+    width = T * d
+    for h in args.mlp:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    layers.append(torch.nn.Linear(width, 1))
+    mlp = torch.nn.Sequential(*layers)
+    params = list(mlp.parameters())
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    rows_all: List[torch.Tensor] = data["rows"]
+    labels: List[torch.Tensor] = data["labels"]
+    total = args.warmup + args.steps
+    L = cfg.lookahead
+    for t in range(min(L, total)):
+        eng.push_lookahead(rows_all[t])
+
+    keys = ("step", "push", "begin", "gate", "exchange", "lookup", "dense", "coalesce", "apply", "flushed",
+            "cpu_engine", "cpu_dense")
+    rec = {k: np.zeros(args.steps) for k in keys}
+    hits = lookups = 0
+    due_next = pending = 0
+    profiler = cProfile.Profile() if (args.profile and args.profile == mode and rank == 0) else None
+    flushed_rows0 = flushed_bytes0 = 0
+    main_flush0 = bg_flush0 = 0.0
+    flusher_tids = [t.native_id for t in eng._flushers]
+    cpu0 = (0.0, 0.0, 0.0)
+    dist.barrier()
+    wall0 = time.perf_counter()
+    for s in range(total):
+        if s == args.warmup:
+            flushed_rows0, flushed_bytes0 = eng.total_rows_flushed, eng.total_bytes_flushed
+            main_flush0, bg_flush0 = timer.main_s, timer.bg_s
+            cpu0 = (time.thread_time(), thread_cpu_s(flusher_tids), time.process_time())
+            wall0 = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
+        rows = rows_all[s]
+        ex0 = waits.s["exchange"]
+        c0, t0 = time.thread_time(), time.perf_counter()
+        if L and s + L < total:
+            eng.push_lookahead(rows_all[s + L])
+        t1 = time.perf_counter()
+        eng.begin_step(rows)
+        t2 = time.perf_counter()
+        emb = eng.lookup(rows)
+        t3, c3 = time.perf_counter(), time.thread_time()
+        x = emb.requires_grad_(True)
+        feats = x.view(T, B, d).transpose(0, 1).reshape(B, T * d)
+        loss = loss_fn(mlp(feats).squeeze(1), labels[s])
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-0.01)
+                p.grad = None
+        t4, c4 = time.perf_counter(), time.thread_time()
+        uniq, inv = torch.unique(rows, return_inverse=True)
+        grads = torch.zeros(uniq.shape[0], d).index_add_(0, inv, x.grad)
+        t5 = time.perf_counter()
+        if sync is not None:  # the step barrier of synchronous training, without any flush
+            dist.all_reduce(sync)
+            waits.s["exchange"] += time.perf_counter() - t5
+        c5 = time.thread_time()
+        eng.apply_gradients(uniq, grads)
+        t6, c6 = time.perf_counter(), time.thread_time()
+        i = s - args.warmup
+        if i >= 0:
+            m = eng.last_metrics
+            for k, v in (("step", t6 - t0), ("push", t1 - t0), ("begin", t2 - t1), ("gate", m.gate_wait_s), ("exchange", waits.s["exchange"] - ex0),
+                         ("lookup", t3 - t2), ("dense", t4 - t3), ("coalesce", t5 - t4), ("apply", t6 - t5),
+                         ("flushed", m.rows_flushed), ("cpu_engine", (c3 - c0) + (c6 - c5)), ("cpu_dense", c4 - c3)):
+                rec[k][i] = v
+            hits += m.cache_hits
+            lookups += m.lookups
+            due_next += int(m.queue_depth[0]) if m.queue_depth.size else 0
+            pending += m.pending_rows
+        if bar is not None:
+            bar.update(1)
+    wall = time.perf_counter() - wall0
+    cpu = (time.thread_time() - cpu0[0], thread_cpu_s(flusher_tids) - cpu0[1], time.process_time() - cpu0[2])
+    if profiler is not None:
+        profiler.disable()
+    rows_f = eng.total_rows_flushed - flushed_rows0
+    bytes_f = eng.total_bytes_flushed - flushed_bytes0
+    main_flush = timer.main_s - main_flush0
+    bg_flush = timer.bg_s - bg_flush0
+    pending_end = len(eng.queue)
+    dynamic_end = eng.store.dynamic_in_use
+    eng.flush()  # untimed: leaves host equal to the caches, as a checkpoint would
+    eng.close()
+    del eng, timer, waits
+    gc.collect()
+    out: Dict[str, Any] = {
+        "mode": mode,
+        "setup_s": setup_s,
+        "wall_s": wall,
+        "per_step": {k: v.tolist() for k, v in rec.items()},
+        "rows_flushed": int(rows_f),
+        "bytes_flushed": int(bytes_f),
+        "train_thread_flush_s": main_flush,
+        "flusher_thread_flush_s": bg_flush,
+        "cpu_train_thread_s": cpu[0],
+        "cpu_flusher_threads_s": cpu[1],
+        "cpu_process_s": cpu[2],
+        "due_next_step_rows": int(due_next),
+        "pending_rows_sum": int(pending),
+        "cache_hits": int(hits),
+        "lookups": int(lookups),
+        "pending_rows_at_end": int(pending_end),
+        "dynamic_rows_at_end": int(dynamic_end),
+    }
+    if profiler is not None:
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(35)
+        out["profile"] = buf.getvalue()
+    return out
+
+
+def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, outq: "mp.Queue") -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from torchrec_frugal.workload import ZipfWorkload
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+        solo = [dist.new_group([r]) for r in range(world)][rank]
+
+        table_rows = [max(1, int(round(n * args.rows_scale))) for n in args.tables]
+        wl = ZipfWorkload(table_rows, args.batch, s=args.zipf, seed=args.seed)
+        offsets = np.concatenate([[0], np.cumsum(table_rows)])
+        total = args.warmup + args.steps
+        rows = []
+        for s in range(total):
+            ids = wl.batch(rank, s)
+            rows.append(torch.cat([x + int(offsets[t]) for t, x in enumerate(ids)]))
+        gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
+        labels = [torch.randint(0, 2, (args.batch,), generator=gen).float() for _ in range(total)]
+        counts = wl.counts(rank, args.presample)
+        data = {"table_rows": table_rows, "rows": rows, "labels": labels, "counts": counts,
+                "counts_solo": counts}
+
+        order = [m for m in args.modes]
+        runs: List[Dict[str, Any]] = []
+        bar = None
+        if rank == 0:
+            from tqdm import tqdm
+
+            bar = tqdm(total=args.repeats * len(order) * total, unit="step", dynamic_ncols=True,
+                       file=sys.stderr, mininterval=1.0)
+        for rep in range(args.repeats):
+            rot = order[rep % len(order):] + order[: rep % len(order)]
+            for mode in rot:
+                if bar is not None:
+                    bar.set_description(f"rep {rep + 1}/{args.repeats} {mode}")
+                r = run_mode(rank, world, mode, args, data, solo, bar)
+                r["repeat"] = rep
+                runs.append(r)
+        if bar is not None:
+            bar.close()
+        unique_per_step = float(np.mean([np.unique(r.numpy()).size for r in rows[args.warmup:]]))
+        outq.put((rank, "ok", {"runs": runs, "table_rows": table_rows,
+                               "unique_rows_per_step": unique_per_step}))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        outq.put((rank, "error", traceback.format_exc()))
+        raise
+
+
+def spawn(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    outq = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=rank_main, args=(r, args.world, port, args, outq)) for r in range(args.world)]
+    for p in procs:
+        p.start()
+    results: Dict[int, Any] = {}
+    err = None
+    try:
+        for _ in range(args.world):
+            rank, status, payload = outq.get(timeout=3600)
+            if status != "ok":
+                err = f"rank {rank} failed:\n{payload}"
+                break
+            results[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=60 if err is None else 5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if err:
+        raise SystemExit(err)
+    return [results[r] for r in range(args.world)]
+
+
+# ---------------------------------------------------------------------------------- report
+def git_commit() -> str:
+    """HEAD of the checkout this script runs from, with '+dirty' if the engine has local edits."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "torchrec_frugal"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the ranks)."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def summarize_run(per_rank: List[Dict[str, Any]], args: argparse.Namespace) -> Dict[str, float]:
+    """One run (one mode, one repetition) over all ranks -> per-step means (ranks averaged)."""
+    steps = args.steps
+    def mean_ms(key: str) -> float:
+        return 1e3 * float(np.mean([np.mean(r["per_step"][key]) for r in per_rank]))
+    step_ms = mean_ms("step")
+    dense_ms = mean_ms("dense")
+    coalesce_ms = mean_ms("coalesce")
+    gate_ms = mean_ms("gate")
+    all_steps = np.concatenate([np.asarray(r["per_step"]["step"]) for r in per_rank]) * 1e3
+    rows_f = sum(r["rows_flushed"] for r in per_rank) / steps
+    bytes_f = sum(r["bytes_flushed"] for r in per_rank) / steps
+    hits = sum(r["cache_hits"] for r in per_rank)
+    lookups = sum(r["lookups"] for r in per_rank)
+    return {
+        "step_ms": step_ms,
+        "step_p50_ms": float(np.percentile(all_steps, 50)),
+        "step_p90_ms": float(np.percentile(all_steps, 90)),
+        "engine_ms": step_ms - dense_ms - coalesce_ms,
+        "dense_ms": dense_ms,
+        "coalesce_ms": coalesce_ms,
+        "push_ms": mean_ms("push"),
+        "begin_ms": mean_ms("begin"),
+        "gate_ms": gate_ms,
+        "lookup_ms": mean_ms("lookup"),
+        "exchange_wait_ms": mean_ms("exchange"),
+        "engine_work_ms": step_ms - dense_ms - coalesce_ms - gate_ms - mean_ms("exchange"),
+        "apply_ms": mean_ms("apply"),
+        "gate_stall": gate_ms / step_ms,
+        "train_flush_ms": 1e3 * float(np.mean([r["train_thread_flush_s"] for r in per_rank])) / steps,
+        "flusher_flush_ms": 1e3 * float(np.mean([r["flusher_thread_flush_s"] for r in per_rank])) / steps,
+        "cpu_engine_ms": mean_ms("cpu_engine"),
+        "cpu_dense_ms": mean_ms("cpu_dense"),
+        "cpu_train_ms": 1e3 * float(np.mean([r["cpu_train_thread_s"] for r in per_rank])) / steps,
+        "cpu_flushers_ms": 1e3 * float(np.mean([r["cpu_flusher_threads_s"] for r in per_rank])) / steps,
+        "cpu_process_ms": 1e3 * float(np.mean([r["cpu_process_s"] for r in per_rank])) / steps,
+        "rows_flushed_per_step": rows_f,
+        "mb_flushed_per_step": bytes_f / 1e6,
+        "due_next_rows_per_step": sum(r["due_next_step_rows"] for r in per_rank) / steps,
+        "pending_rows_per_step": sum(r["pending_rows_sum"] for r in per_rank) / steps,
+        "hit_ratio": hits / lookups if lookups else 0.0,
+        "samples_per_s": args.world * args.batch / (step_ms / 1e3),
+        "setup_s": float(max(r["setup_s"] for r in per_rank)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, default=2, help="ranks (gloo, one process each)")
+    ap.add_argument("--steps", type=int, default=100, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=15, help="untimed steps at the start of each run")
+    ap.add_argument("--repeats", type=int, default=5, help="repetitions; modes alternate within each")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--batch", type=int, default=1024, help="samples per rank and step (one id per table)")
+    ap.add_argument("--tables", type=int, nargs="+", default=[200_000, 100_000, 50_000, 10_000],
+                    help="rows per table before --rows-scale")
+    ap.add_argument("--rows-scale", type=float, default=1.0, help="multiply every table's rows")
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--mlp", type=lambda s: [int(x) for x in s.split(",")], default=[512, 512],
+                    help="hidden widths of the dense MLP, comma separated (output layer 1 is added)")
+    ap.add_argument("--zipf", type=float, default=1.2)
+    ap.add_argument("--presample", type=int, default=50, help="batches counted to pick the hot rows")
+    ap.add_argument("--lookahead", type=int, default=10, help="L of the frugal, heap and no_flush modes")
+    ap.add_argument("--cache-ratio", type=float, default=0.05, help="rows cached per rank (not no_flush)")
+    ap.add_argument("--flush-workers", type=int, default=1)
+    ap.add_argument("--chunk", type=int, default=8192, help="flush_chunk_rows")
+    ap.add_argument("--max-deferred-rows", type=int, default=None,
+                    help="max_deferred_rows of the engine (default: FrugalConfig's default)")
+    ap.add_argument("--optimizer", default="rowwise_adagrad", choices=("sgd", "rowwise_adagrad", "adam"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", choices=MODES, help="cProfile rank 0's training thread in this mode")
+    ap.add_argument("--json", type=Path, help="write configuration, per-run and summary results here")
+    args = ap.parse_args()
+    if args.max_deferred_rows is None:
+        from torchrec_frugal.config import FrugalConfig
+
+        args.max_deferred_rows = FrugalConfig().max_deferred_rows
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    import torch  # only for the version string; ranks import it themselves
+
+    load_before = os.getloadavg()
+    busy0, ours0 = machine_busy_s(), own_cpu_s()
+    t0 = time.perf_counter()
+    results = spawn(args)
+    elapsed = time.perf_counter() - t0
+    busy, ours = machine_busy_s() - busy0, own_cpu_s() - ours0
+    foreign = max(0.0, busy - ours) / (elapsed * (os.cpu_count() or 1))
+    load = {"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "cpu_busy_s": busy, "cpu_ours_s": ours, "foreign_cpu_share": foreign}
+
+    n_runs = len(results[0]["runs"])
+    per_run: Dict[str, List[Dict[str, float]]] = {m: [] for m in args.modes}
+    for i in range(n_runs):
+        mode = results[0]["runs"][i]["mode"]
+        per_run[mode].append(summarize_run([res["runs"][i] for res in results], args))
+    summary: Dict[str, Dict[str, float]] = {
+        m: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for m, runs in per_run.items()
+    }
+    ref = "frugal" if "frugal" in summary else args.modes[0]
+    for m, runs in per_run.items():
+        steps_ms = [r["step_ms"] for r in runs]
+        summary[m]["step_ms_min"] = min(steps_ms)
+        summary[m]["step_ms_max"] = max(steps_ms)
+        # Same repetition, same moment of the machine: the ratio is steadier than one of medians.
+        summary[m]["step_vs_" + ref + "_paired"] = statistics.median(
+            a["step_ms"] / b["step_ms"] for a, b in zip(runs, per_run[ref])
+        )
+    for m, s in summary.items():
+        s["step_vs_" + ref] = s["step_ms"] / summary[ref]["step_ms"]
+        s["engine_vs_" + ref] = s["engine_ms"] / summary[ref]["engine_ms"]
+        s["samples_per_s_vs_" + ref] = s["samples_per_s"] / summary[ref]["samples_per_s"]
+
+    table_rows = results[0]["table_rows"]
+    print(
+        f"\nworld={args.world} tables={table_rows} dim={args.dim} batch={args.batch}/rank "
+        f"(~{results[0]['unique_rows_per_step']:.0f} unique rows/rank/step) mlp={args.mlp} "
+        f"optimizer={args.optimizer} L={args.lookahead} cache_ratio={args.cache_ratio} "
+        f"max_deferred_rows={args.max_deferred_rows} steps={args.steps} (+{args.warmup} warm-up) repeats={args.repeats} "
+        f"torch={torch.__version__} cpus={os.cpu_count()}\n"
+    )
+    print("| mode | step ms | min-max over repeats | p90 step ms | dense ms | engine ms | gate wait ms | exchange wait ms | "
+          "engine work ms | gate stall | flush on train thread ms | rows flushed/step | MB flushed/step | "
+          f"cache hit | samples/s | step vs {ref} (paired) |")
+    print("|---|" + "---:|" * 15)
+    for m, s in summary.items():
+        print(
+            f"| {m} | {s['step_ms']:.1f} | {s['step_ms_min']:.0f}-{s['step_ms_max']:.0f} | {s['step_p90_ms']:.1f} | {s['dense_ms']:.1f} | {s['engine_ms']:.1f} "
+            f"| {s['gate_ms']:.2f} | {s['exchange_wait_ms']:.2f} | {s['engine_work_ms']:.1f} "
+            f"| {100 * s['gate_stall']:.1f}% | {s['train_flush_ms']:.2f} "
+            f"| {s['rows_flushed_per_step']:,.0f} | {s['mb_flushed_per_step']:.2f} | {s['hit_ratio']:.3f} "
+            f"| {s['samples_per_s']:,.0f} | {s['step_vs_' + ref + '_paired']:.2f}x |"
+        )
+    print("\n| mode | push_lookahead ms | begin_step ms (incl. gate) | lookup ms | apply_gradients ms "
+          "(incl. exchange wait) | flush in flusher threads ms | CPU train thread ms | CPU flushers ms | "
+          "CPU process ms | CPU engine calls ms | CPU dense ms | rows due at next step | rows pending |")
+    print("|---|" + "---:|" * 12)
+    for m, s in summary.items():
+        print(f"| {m} | {s['push_ms']:.2f} | {s['begin_ms']:.2f} | {s['lookup_ms']:.2f} | {s['apply_ms']:.2f} "
+              f"| {s['flusher_flush_ms']:.2f} | {s['cpu_train_ms']:.1f} | {s['cpu_flushers_ms']:.1f} "
+              f"| {s['cpu_process_ms']:.1f} | {s['cpu_engine_ms']:.2f} | {s['cpu_dense_ms']:.1f} "
+              f"| {s['due_next_rows_per_step']:,.0f} | {s['pending_rows_per_step']:,.0f} |")
+    print(f"\nwall time {elapsed:.0f} s; CPU used by other processes during the run: "
+          f"{100 * foreign:.0f}% of the machine (load average before {load_before[0]:.2f})")
+    for res in results:
+        for r in res["runs"]:
+            if "profile" in r:
+                print(f"\ncProfile of rank 0, mode {r['mode']}, repeat {r['repeat']}:\n{r['profile']}")
+
+    if args.json:
+        payload = {
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "table_rows": table_rows,
+            "unique_rows_per_rank_step": results[0]["unique_rows_per_step"],
+            "engine_commit": git_commit(),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                        "torch": torch.__version__, "numpy": np.__version__},
+            "wall_s": elapsed,
+            "machine_load": load,
+            "summary": summary,
+            "per_run": per_run,
+            "per_step_rank0": [
+                {"mode": r["mode"], "repeat": r["repeat"], "step_s": r["per_step"]["step"],
+                 "gate_s": r["per_step"]["gate"], "dense_s": r["per_step"]["dense"],
+                 "rows_flushed": r["per_step"]["flushed"]}
+                for r in results[0]["runs"]
+            ],
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

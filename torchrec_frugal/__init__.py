@@ -18,3 +18,23 @@ __all__ = [
     "StepMetrics",
     "TableSpec",
 ]
+
+_TORCHREC_API = (
+    "FRUGAL",
+    "FrugalEmbeddingBagCollectionSharder",
+    "FrugalEmbeddingCollectionSharder",
+    "FrugalShardingPlanner",
+    "FrugalTrainPipeline",
+    "consumer_pcie_topology",
+    "frugal",
+)
+__all__ += list(_TORCHREC_API)
+
+
+def __getattr__(name: str):
+    """The TorchRec API loads on first use (installing the planner shims), so the engine alone never imports TorchRec."""
+    if name in _TORCHREC_API:
+        from . import torchrec as _torchrec
+
+        return getattr(_torchrec, name)
+    raise AttributeError(f"module 'torchrec_frugal' has no attribute {name!r}")

@@ -1,0 +1,546 @@
+"""Train the paper's DLRM configurations with stock TorchRec sharding or with Frugal.
+
+    torchrun --nproc_per_node=2 examples/dlrm/train.py --config criteo-kaggle --sharder torchrec --sharding table_wise
+    torchrun --nproc_per_node=2 examples/dlrm/train.py --config criteo-kaggle --sharder frugal
+
+``--sharder`` is the only switch between the two: it picks the sharder (TorchRec's
+``EmbeddingBagCollectionSharder`` or torchrec_frugal's ``FrugalEmbeddingBagCollectionSharder``),
+the planner that goes with it, and the train pipeline that goes with it
+(``TrainPipelineSparseDist``, or Frugal's lookahead pipeline). Model, data, optimizers (fused
+row-wise Adagrad for the tables, Adagrad or SGD for the dense parameters), metrics and timing
+are the same code.
+
+CPU: gloo, one process per rank (``torchrun --nproc_per_node=N``). CUDA: one GPU per rank, NCCL for
+the dense all-reduce (and TorchRec's all-to-alls).
+
+Metrics. ``loss`` is the mean training loss over the last ``--auc-window`` steps of every rank;
+``auc`` is the AUC of the predictions made on those steps' batches *before* the batch's update
+(progressive validation: every synthetic batch is fresh data). ``samples_per_second`` counts
+the steps after ``--warmup``, all ranks together, from a barrier before the first timed step to a
+barrier after the last. ``gate_stall_fraction`` is the share of that wall time the ranks spent
+waiting at Frugal's gate (0 for stock TorchRec, which has no gate).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):  # launched as a script: make `examples.dlrm` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.datasets.utils import Batch
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import ShardingEnv, ShardingType
+from torchrec.models.dlrm import DLRM, DLRMTrain, OverArch, SparseArch
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
+from examples.dlrm.data import (
+    SyntheticClickData,
+    count_ids,
+    criteo_npy_batches,
+    criteo_tsv_batches,
+    tsv_paths,
+)
+
+SHARDERS = ("torchrec", "frugal")
+STOCK_SHARDINGS = (ShardingType.TABLE_WISE.value, ShardingType.ROW_WISE.value, ShardingType.DATA_PARALLEL.value)
+
+
+# ---------------------------------------------------------------------------- models
+class MLPClick(nn.Module):
+    """The authors' benchmark model: pooled embeddings ++ dense features -> MLP (512-256-1)."""
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        layer_sizes: Sequence[int],
+        dense_device: Optional[torch.device] = None,
+    ) -> None:
+        super().__init__()
+        self.sparse_arch = SparseArch(embedding_bag_collection)
+        configs = embedding_bag_collection.embedding_bag_configs()
+        in_features = dense_in_features + sum(c.embedding_dim * len(c.feature_names) for c in configs)
+        self.over_arch = OverArch(in_features=in_features, layer_sizes=list(layer_sizes), device=dense_device)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        embedded = self.sparse_arch(sparse_features)  # [B, F, D]
+        return self.over_arch(torch.cat([dense_features, embedded.flatten(1)], dim=1))
+
+
+def build_model(cfg: RunConfig, rows: Sequence[int], device: torch.device) -> DLRMTrain:
+    """DLRMTrain around TorchRec's DLRM or the authors' MLP, tables on the meta device."""
+    m = cfg.model
+    tables = [
+        EmbeddingBagConfig(name=t, embedding_dim=m.embedding_dim, num_embeddings=n, feature_names=[f])
+        for t, f, n in zip(cfg.dataset.table_names(), cfg.dataset.feature_names, rows)
+    ]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    dense_in = cfg.dataset.dense_width
+    if m.kind == "dlrm":
+        net: nn.Module = DLRM(
+            embedding_bag_collection=ebc,
+            dense_in_features=dense_in,
+            dense_arch_layer_sizes=list(m.dense_arch_layers),
+            over_arch_layer_sizes=list(m.over_arch_layers),
+            dense_device=device,
+        )
+    else:
+        net = MLPClick(ebc, dense_in, m.mlp_layers, dense_device=device)
+    return DLRMTrain(net)  # type: ignore[arg-type]  # any (dense, KJT) -> logits module works
+
+
+# ---------------------------------------------------------------------------- sharders
+class StockSharder(EmbeddingBagCollectionSharder):
+    """TorchRec's sharder, offering row_wise on CPU too (the stock one offers it on CUDA only)."""
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        types = super().sharding_types(compute_device_type)
+        if ShardingType.ROW_WISE.value not in types:
+            types.append(ShardingType.ROW_WISE.value)
+        return types
+
+
+def fused_params(cfg: RunConfig) -> Dict[str, Any]:
+    """The tables' fused optimizer, as FBGEMM's TBE takes it: exact row-wise Adagrad."""
+    return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": cfg.embedding_lr, "eps": 1e-8}
+
+
+def topology(world: int, local_world: int, device: torch.device) -> Topology:
+    return Topology(world_size=world, local_world_size=local_world, compute_device=device.type)
+
+
+def torchrec_sharding(
+    args: argparse.Namespace, cfg: RunConfig, model: nn.Module, device: torch.device, pg: dist.ProcessGroup
+) -> Tuple[nn.Module, Any]:
+    """(sharder, plan): stock sharder, stock planner constrained to ``--sharding`` for every table."""
+    sharder = StockSharder(fused_params=fused_params(cfg))
+    kernel = (
+        EmbeddingComputeKernel.DENSE.value
+        if args.sharding == ShardingType.DATA_PARALLEL.value
+        else EmbeddingComputeKernel.FUSED.value
+    )
+    constraints = {
+        t: ParameterConstraints(sharding_types=[args.sharding], compute_kernels=[kernel])
+        for t in cfg.dataset.table_names()
+    }
+    world, local = dist.get_world_size(pg), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg)))
+    planner = EmbeddingShardingPlanner(topology=topology(world, local, device), constraints=constraints)
+    plan = planner.collective_plan(model, [sharder], pg)  # type: ignore[list-item]
+    return sharder, plan
+
+
+def frugal_sharding(
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    model: nn.Module,
+    device: torch.device,
+    pg: dist.ProcessGroup,
+    presample: Dict[str, torch.Tensor],
+) -> Tuple[nn.Module, Any, Dict[str, Any]]:
+    """(sharder, plan, planner facts) of Frugal: every table "frugal"; FrugalShardingPlanner sizes
+    the caches (at most ``--cache-ratio`` per rank, less if device memory is short)."""
+    from torchrec_frugal import FrugalConfig
+    from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
+    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+
+    config = FrugalConfig(lookahead=cfg.lookahead, cache_ratio=cfg.cache_ratio)
+    sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused_params(cfg), config=config, presample_counts=presample)
+    world, local = dist.get_world_size(pg), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg)))
+    planner = FrugalShardingPlanner(topology=topology(world, local, device), config=config)
+    plan = planner.collective_plan(model, [sharder], pg)
+    # collective_plan plans on rank 0 and broadcasts: read the ratio from the plan itself.
+    ratios = {
+        ps.cache_params.load_factor
+        for module_plan in plan.plan.values()
+        for ps in module_plan.values()  # type: ignore[attr-defined]
+        if ps.sharding_type == FRUGAL and ps.cache_params is not None
+    }
+    return sharder, plan, {"planned_cache_ratio": min(ratios) if ratios else None}
+
+
+def make_pipeline(args: argparse.Namespace, cfg: RunConfig, model: nn.Module, opt: Any, device: torch.device) -> Any:
+    if args.sharder == "frugal":
+        from torchrec_frugal.torchrec import FrugalTrainPipeline
+
+        return FrugalTrainPipeline(model, opt, device, lookahead=cfg.lookahead)
+    return TrainPipelineSparseDist(model, opt, device)
+
+
+# ---------------------------------------------------------------------------- Frugal statistics
+class FrugalStats:
+    """Per-step gate waits, cache hits and flushes of this rank's Frugal engines (empty for stock)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.engines: List[Any] = []
+        self._seen: Dict[int, int] = {}
+        self.reset()
+        if not any(type(m).__module__.startswith("torchrec_frugal") for m in model.modules()):
+            return
+        from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection, FrugalShardedEmbeddingCollection
+
+        for m in model.modules():
+            if isinstance(m, (FrugalShardedEmbeddingBagCollection, FrugalShardedEmbeddingCollection)):
+                for lookup in m.frugal_lookups():
+                    self.engines.extend(g.engine for g in lookup.groups)
+
+    def reset(self) -> None:
+        self.gate_wait_s = 0.0
+        self.lookups = 0
+        self.cache_hits = 0
+        self.rows_flushed = 0
+        self.bytes_flushed = 0
+        self.pending_rows = 0
+        self.steps = 0
+
+    def record(self) -> None:
+        """Add the metrics of each engine's latest step (once per step)."""
+        for i, e in enumerate(self.engines):
+            m = e.last_metrics
+            if m is None or self._seen.get(i) == m.step:
+                continue
+            self._seen[i] = m.step
+            self.gate_wait_s += m.gate_wait_s
+            self.lookups += m.lookups
+            self.cache_hits += m.cache_hits
+            self.rows_flushed += m.rows_flushed
+            self.bytes_flushed += m.bytes_flushed
+            self.pending_rows = m.pending_rows
+            self.steps += 1 if i == 0 else 0
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        return self.cache_hits / self.lookups if self.lookups else 0.0
+
+
+# ---------------------------------------------------------------------------- data
+def data_iterator(
+    args: argparse.Namespace, cfg: RunConfig, rows: Sequence[int], rank: int, world: int
+) -> Tuple[Iterator[Batch], Dict[str, torch.Tensor]]:
+    """(this rank's training batches, bounded by --steps; pre-sample id counts for the caches)."""
+    names = cfg.dataset.table_names()
+    if args.data == "synthetic":
+        gen = SyntheticClickData(cfg.dataset, rows, cfg.batch_size, seed=cfg.seed, skew=cfg.skew)
+        presample = gen.presample_counts([rank], args.presample_steps) if args.sharder == "frugal" else {}
+        return gen.batches(rank, 0, args.steps), presample
+
+    def real() -> Iterator[Batch]:
+        if args.data == "criteo-tsv":
+            return criteo_tsv_batches(
+                tsv_paths(args.data_path), cfg.dataset, rows, cfg.batch_size, rank, world, repeat=True
+            )
+        return criteo_npy_batches(args.data_path, cfg.dataset, rows, cfg.batch_size, rank, world, repeat=True)
+
+    presample = count_ids(itertools.islice(real(), args.presample_steps), names, rows) if args.sharder == "frugal" else {}
+    return itertools.islice(real(), args.steps), presample
+
+
+# ---------------------------------------------------------------------------- training
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle")
+    p.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's, fits 24 GiB)")
+    p.add_argument("--min-rows", type=int, default=1000, help="tables are not scaled below min(cardinality, this)")
+    p.add_argument("--batch-size", type=int, default=1024, help=f"per rank (paper: {BATCH_SIZES})")
+    p.add_argument("--cache-ratio", type=float, default=0.05, help=f"frugal: rows cached per rank (paper: {CACHE_RATIOS})")
+    p.add_argument("--lookahead", type=int, default=LOOKAHEAD, help="frugal: lookahead window L")
+    p.add_argument("--steps", type=int, default=300, help="training steps per rank (bounds the run)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: min(20, steps // 5))")
+    p.add_argument("--sharder", choices=SHARDERS, default="torchrec")
+    p.add_argument("--sharding", choices=STOCK_SHARDINGS, default="table_wise", help="torchrec: sharding of every table")
+    p.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm")
+    p.add_argument("--embedding-lr", type=float, default=0.05)
+    p.add_argument("--dense-lr", type=float, default=0.005)
+    p.add_argument("--dense-optimizer", choices=("adagrad", "sgd"), default="adagrad")
+    p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy"), default="synthetic")
+    p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of *_{dense,sparse,labels}.npy")
+    p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--auc-window", type=int, default=100, help="steps whose predictions the final loss and AUC cover")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
+    p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.data != "synthetic" and not args.data_path:
+        p.error(f"--data {args.data} needs --data-path")
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.warmup is None:
+        args.warmup = min(20, args.steps // 5)
+    if not 0 <= args.warmup < args.steps:
+        p.error("--warmup must be in [0, steps)")
+    return args
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    return get_config(
+        args.config,
+        model=ModelConfig(kind=args.model),
+        scale=args.scale,
+        min_rows=args.min_rows,
+        batch_size=args.batch_size,
+        cache_ratio=args.cache_ratio,
+        lookahead=args.lookahead,
+        embedding_lr=args.embedding_lr,
+        dense_lr=args.dense_lr,
+        dense_optimizer=args.dense_optimizer,
+        seed=args.seed,
+    )
+
+
+def init_distributed() -> Tuple[int, int, int, int, torch.device, str]:
+    """(rank, world, local_rank, local_world, device, backend) from torchrun's environment."""
+    if "RANK" not in os.environ:  # plain `python train.py`: one rank
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if torch.cuda.is_available():
+        device = torch.device(f"cuda:{local_rank}")
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return rank, world, local_rank, local_world, device, backend
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _auc(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    from torchmetrics.functional.classification import binary_auroc
+
+    logits, labels = logits.float().cpu(), labels.cpu()
+    if labels.numel() == 0 or labels.min() == labels.max():
+        return float("nan")
+    return float(binary_auroc(logits, labels.long()))
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """All ranks' equal-shaped ``t``, concatenated (collective)."""
+    t = t.to(device)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.cat(out).cpu()
+
+
+def train(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train on this rank; every rank returns the same summary."""
+    rank, world, local_rank, local_world, device, backend = init_distributed()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+    cfg = run_config(args)
+    rows = cfg.rows()
+    pg = dist.GroupMember.WORLD
+    if rank == 0:
+        print(
+            f"[dlrm] {describe(cfg, rows)}; model {cfg.model.kind}; {world} ranks ({backend}, {device.type}, "
+            f"{threads} threads each); batch {cfg.batch_size}/rank; sharder {args.sharder}"
+            + (f" ({args.sharding})" if args.sharder == "torchrec" else f" (cache {cfg.cache_ratio:g}, L={cfg.lookahead})"),
+            flush=True,
+        )
+
+    batches, presample = data_iterator(args, cfg, rows, rank, world)
+    model = build_model(cfg, rows, device)
+    t_setup = time.perf_counter()
+    if args.sharder == "frugal":
+        sharder, plan, plan_info = frugal_sharding(args, cfg, model, device, pg, presample)
+    else:
+        sharder, plan = torchrec_sharding(args, cfg, model, device, pg)
+        plan_info = {}
+    dmp = DistributedModelParallel(
+        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg)
+    )
+    dense_cls = torch.optim.Adagrad if cfg.dense_optimizer == "adagrad" else torch.optim.SGD
+    dense_opt = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: dense_cls(ps, lr=cfg.dense_lr)
+    )
+    opt = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    pipeline = make_pipeline(args, cfg, dmp, opt, device)
+    stats = FrugalStats(dmp)
+    setup_s = time.perf_counter() - t_setup
+
+    window = max(1, min(args.auc_window, args.steps))
+    losses: List[torch.Tensor] = []
+    logit_buf: List[torch.Tensor] = []
+    label_buf: List[torch.Tensor] = []
+    first_logits: List[torch.Tensor] = []
+    first_labels: List[torch.Tensor] = []
+    bar = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.steps, desc=f"{args.sharder}", unit="step", dynamic_ncols=True, mininterval=1.0)
+
+    dist.barrier()
+    t_start = t_last = time.perf_counter()
+    t_timed: Optional[float] = None
+    steps_done = 0
+    gate_before = 0.0
+    dmp.train()
+    while steps_done < args.steps:
+        if steps_done == args.warmup:
+            dist.barrier()
+            t_timed = time.perf_counter()
+            stats.record()
+            gate_before = stats.gate_wait_s
+        try:
+            loss, logits, labels = pipeline.progress(batches)
+        except StopIteration:
+            break
+        steps_done += 1
+        stats.record()
+        # kept on the device: no per-step host sync on CUDA
+        losses.append(loss.detach().float())
+        logit_buf.append(logits.detach().float())
+        label_buf.append(labels.detach().float())
+        if len(logit_buf) > window:
+            if len(first_logits) < window:
+                first_logits.append(logit_buf[0])
+                first_labels.append(label_buf[0])
+            logit_buf.pop(0)
+            label_buf.pop(0)
+            losses.pop(0)
+        if bar is not None:
+            bar.update(1)
+        if rank == 0 and args.log_every and steps_done % args.log_every == 0:
+            now = time.perf_counter()
+            sps = args.log_every * cfg.batch_size * world / (now - t_last)
+            t_last = now
+            k = min(len(losses), args.log_every)
+            msg = (
+                f"step {steps_done:>6} | {sps:>9,.0f} samples/s | loss {torch.stack(losses[-k:]).mean():.4f} "
+                f"| auc {_auc(torch.cat(logit_buf[-k:]), torch.cat(label_buf[-k:])):.4f}"
+            )
+            if stats.engines:
+                msg += (
+                    f" | gate stall {100 * stats.gate_wait_s / max(now - t_start, 1e-9):.1f}%"
+                    f" | cache hits {100 * stats.cache_hit_ratio:.1f}% | flushed {stats.rows_flushed:,} rows"
+                    f" | pending {stats.pending_rows:,}"
+                )
+            (bar.write if bar is not None else print)(msg)
+    dist.barrier()
+    t_end = time.perf_counter()
+    if bar is not None:
+        bar.close()
+    if steps_done < args.steps:
+        raise RuntimeError(f"the data ran out after {steps_done} of {args.steps} steps")
+
+    # ----- summary (collective)
+    timed_steps = steps_done - args.warmup
+    elapsed = torch.tensor([t_end - (t_timed if t_timed is not None else t_start)], dtype=torch.float64)
+    gate = torch.tensor([stats.gate_wait_s - (gate_before if t_timed is not None else 0.0)], dtype=torch.float64)
+    el_all = _gather_cat(elapsed, device)
+    gate_all = _gather_cat(gate, device)
+    elapsed_s = float(el_all.max())
+    loss_all = _gather_cat(torch.stack(losses).mean().reshape(1), device)
+    k = len(logit_buf)
+    auc = _auc(_gather_cat(torch.cat(logit_buf[-k:]), device), _gather_cat(torch.cat(label_buf[-k:]), device))
+    first = first_logits if first_logits else logit_buf[: max(1, k // 4)]
+    first_lab = first_labels if first_labels else label_buf[: max(1, k // 4)]
+    auc_first = _auc(_gather_cat(torch.cat(first), device), _gather_cat(torch.cat(first_lab), device))
+    summary: Dict[str, Any] = {
+        "sharder": args.sharder,
+        "sharding": args.sharding if args.sharder == "torchrec" else "frugal",
+        "config": cfg.dataset.name,
+        "model": cfg.model.kind,
+        "scale": cfg.effective_scale,
+        "rows": int(sum(rows)),
+        "world_size": world,
+        "backend": backend,
+        "device": device.type,
+        "threads_per_rank": threads,
+        "batch_size": cfg.batch_size,
+        "cache_ratio": cfg.cache_ratio if args.sharder == "frugal" else None,
+        "lookahead": cfg.lookahead if args.sharder == "frugal" else None,
+        "data": args.data,
+        "steps": steps_done,
+        "warmup_steps": args.warmup,
+        "timed_steps": timed_steps,
+        "timed_s": elapsed_s,
+        "samples_per_second": world * cfg.batch_size * timed_steps / elapsed_s if timed_steps else float("nan"),
+        "loss": float(loss_all.mean()),
+        "auc": auc,
+        "auc_first_window": auc_first,
+        "auc_window_steps": k,
+        "gate_stall_fraction": float((gate_all / el_all).mean()) if stats.engines else 0.0,
+        "setup_s": setup_s,
+        "peak_rss_mib_per_rank": [float(x) for x in _gather_cat(torch.tensor([_peak_rss_mib()], dtype=torch.float64), device)],
+        "frugal": None,
+    }
+    if stats.engines:
+        agg = _gather_cat(
+            torch.tensor([stats.lookups, stats.cache_hits, stats.rows_flushed, stats.bytes_flushed], dtype=torch.float64),
+            device,
+        ).reshape(world, 4).sum(0)
+        summary["frugal"] = {
+            "cache_hit_ratio": float(agg[1] / agg[0]) if agg[0] else 0.0,
+            "rows_flushed": int(agg[2]),
+            "bytes_flushed": int(agg[3]),
+            "gate_wait_s_per_rank": [float(g) for g in gate_all],
+            **plan_info,
+        }
+    summary["run_config"] = {k: v for k, v in asdict(cfg).items() if k != "dataset"}
+    if rank == 0:
+        print("[dlrm] " + json.dumps({k: summary[k] for k in ("sharder", "steps", "samples_per_second", "loss", "auc", "gate_stall_fraction")}), flush=True)
+        if args.summary:
+            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.summary, "w") as f:
+                json.dump(summary, f, indent=2)
+    # Release the sharded model (Frugal engines close here) and every pending gloo/NCCL work
+    # while the process group and the interpreter are fully alive.
+    del pipeline, opt, dense_opt, dmp, model, stats, batches
+    gc.collect()
+    dist.barrier()
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    summary = train(args)
+    # Only on success: destroying the group while a failed peer is mid-collective can hang
+    # (an exception exits the process instead, and torchrun stops the other ranks).
+    dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The planner shims of torchrec_frugal.torchrec.patches.
+
+Each shim must still wrap the TorchRec function it was written against (the tests below fail when
+a TorchRec upgrade changes one: review the shim, then update its recorded hash), answer for the
+"frugal" type, and hand every other sharding type to TorchRec unchanged.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec.distributed.planner import enumerators, shard_estimators, stats
+from torchrec.distributed.planner.estimator import estimator as perf_estimator
+from torchrec.distributed.planner.types import PartitionByType
+from torchrec.distributed.planner.utils import build_sharder_data
+
+from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder, patches
+from torchrec_frugal.torchrec.checkpoint import row_blocks
+from torchrec_frugal.torchrec.sharding import FRUGAL
+
+STOCK = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard"]
+
+
+def _patch(module: Any, name: str) -> patches.Patch:
+    return next(p for p in patches.PATCHES if p.module is module and p.name == name)
+
+
+@pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: f"{p.module.__name__}.{p.name}")
+def test_wrapped_torchrec_function_is_unchanged(patch: patches.Patch) -> None:
+    assert patches.source_sha256(patches.original(patch)) == patch.source_sha256, (
+        f"TorchRec changed {patch.module.__name__}.{patch.name}: review the shim in "
+        "torchrec_frugal/torchrec/patches.py, then record the new hash"
+    )
+
+
+@pytest.mark.parametrize("module,name,sha", patches.RELIED_ON, ids=lambda x: getattr(x, "__name__", str(x))[:40])
+def test_torchrec_function_relied_on_is_unchanged(module: Any, name: str, sha: str) -> None:
+    assert patches.source_sha256(getattr(module, name)) == sha, f"TorchRec changed {module.__name__}.{name}"
+
+
+def test_apply_installs_each_shim_once() -> None:
+    patches.apply()
+    installed = {(p.module.__name__, p.name): getattr(p.module, p.name) for p in patches.PATCHES}
+    patches.apply()
+    for p in patches.PATCHES:
+        assert getattr(p.module, p.name) is installed[(p.module.__name__, p.name)]
+        assert getattr(p.module, p.name) is not patches.original(p)
+    assert isinstance(perf_estimator.get_embedding_perf_sharding_evaluator(FRUGAL), patches.FrugalPerfEvaluator)
+
+
+def test_shard_sizes_frugal_are_row_blocks() -> None:
+    t = torch.empty(10, 8, device="meta")
+    sizes, offsets = enumerators.calculate_shard_sizes_and_offsets(
+        t, 4, 4, FRUGAL, device_memory_sizes=[1, 2, 3, 4], num_buckets=5
+    )
+    assert [(o[0], s[0]) for s, o in zip(sizes, offsets)] == row_blocks(10, 4) == [(0, 3), (3, 3), (6, 3), (9, 1)]
+    assert all(s[1] == 8 and o[1] == 0 for s, o in zip(sizes, offsets))
+
+
+@pytest.mark.parametrize("sharding_type", STOCK)
+def test_stock_types_reach_torchrec_unchanged(sharding_type: str) -> None:
+    t = torch.empty(12, 8, device="meta")
+    orig = patches.original(_patch(enumerators, "calculate_shard_sizes_and_offsets"))
+    assert enumerators.calculate_shard_sizes_and_offsets(t, 4, 2, sharding_type, 4) == orig(t, 4, 2, sharding_type, 4)
+    part = patches.original(_patch(enumerators, "get_partition_by_type"))
+    assert enumerators.get_partition_by_type(sharding_type) == part(sharding_type)
+    abbr = patches.original(_patch(stats, "_get_sharding_type_abbr"))
+    assert stats._get_sharding_type_abbr(sharding_type) == abbr(sharding_type)
+
+
+def test_unknown_types_still_raise() -> None:
+    with pytest.raises(ValueError, match="nope"):
+        enumerators.get_partition_by_type("nope")
+    with pytest.raises(ValueError, match="nope"):
+        stats._get_sharding_type_abbr("nope")
+    with pytest.raises(ValueError, match="nope"):
+        enumerators.calculate_shard_sizes_and_offsets(torch.empty(4, 4), 2, 2, "nope")
+
+
+def test_partition_and_abbreviation_of_frugal() -> None:
+    assert enumerators.get_partition_by_type(FRUGAL) == PartitionByType.UNIFORM.value
+    assert stats._get_sharding_type_abbr(FRUGAL) == "FR"
+
+
+def _io(sharding_type: str) -> Any:
+    return shard_estimators._calculate_shard_io_sizes(
+        sharding_type=sharding_type,
+        batch_sizes=[64],
+        world_size=4,
+        local_world_size=4,
+        input_lengths=[2.0],
+        emb_dim=16,
+        shard_sizes=[[25, 16]] * 4,
+        input_data_type_size=8,
+        output_data_type_size=4,
+        num_poolings=[1.0],
+        is_pooled=True,
+    )
+
+
+def test_io_sizes_of_frugal_are_data_parallel_ones() -> None:
+    assert _io(FRUGAL) == _io("data_parallel")
+    assert stats._calculate_shard_io_sizes is not patches.original(_patch(stats, "_calculate_shard_io_sizes"))
+
+
+def _storages(sharding_type: str, compute_device: str, fused: Dict[str, Any]) -> Any:
+    sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused)
+    t = torch.empty(100, 16, device="meta")
+    return shard_estimators.calculate_shard_storages(
+        sharder_data=build_sharder_data(sharder),
+        sharding_type=sharding_type,
+        tensor=t,
+        compute_device=compute_device,
+        compute_kernel="fused",
+        shard_sizes=[[25, 16]] * 4,
+        batch_sizes=[64],
+        world_size=4,
+        local_world_size=4,
+        input_lengths=[2.0],
+        num_poolings=[1.0],
+        caching_ratio=0.2,
+        is_pooled=True,
+        input_data_type_size=8,
+        output_data_type_size=4,
+    )
+
+
+@pytest.mark.parametrize("opt,state_floats", [(EmbOptimType.EXACT_SGD, 0), (EmbOptimType.EXACT_ROWWISE_ADAGRAD, 1)])
+def test_storage_of_frugal_is_the_host_block_plus_own_buffers(opt: EmbOptimType, state_floats: int) -> None:
+    inputs, outputs = _io("data_parallel")
+    block = 25 * (16 * 4 + 4 * state_floats)
+    for s, i, o in zip(_storages(FRUGAL, "cuda", {"optimizer": opt}), inputs, outputs):
+        assert (s.hbm, s.ddr, s.ssd) == (i + o, block, 0)
+    for s, i, o in zip(_storages(FRUGAL, "cpu", {"optimizer": opt}), inputs, outputs):
+        assert (s.hbm, s.ddr, s.ssd) == (0, block + i + o, 0)
+
+
+def test_storage_of_stock_types_is_torchrec_s() -> None:
+    orig = patches.original(_patch(shard_estimators, "calculate_shard_storages"))
+    sharder = FrugalEmbeddingBagCollectionSharder()
+    kwargs = dict(
+        sharder_data=build_sharder_data(sharder),
+        sharding_type="row_wise",
+        tensor=torch.empty(100, 16, device="meta"),
+        compute_device="cuda",
+        compute_kernel="fused",
+        shard_sizes=[[25, 16]] * 4,
+        batch_sizes=[64],
+        world_size=4,
+        local_world_size=4,
+        input_lengths=[2.0],
+        num_poolings=[1.0],
+        caching_ratio=0.2,
+        is_pooled=True,
+        input_data_type_size=8,
+        output_data_type_size=4,
+    )
+    assert shard_estimators.calculate_shard_storages(**kwargs) == orig(**kwargs)

@@ -1,0 +1,27 @@
+"""TorchRec integration of Frugal: the "frugal" sharding type, sharders, planner, pipeline.
+
+Importing this package installs the small planner shims of :mod:`.patches`, so that TorchRec's
+own planner also understands the "frugal" sharding type.
+"""
+from . import patches
+from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingCollection
+from .embeddingbag import FrugalEmbeddingBagCollectionSharder, FrugalShardedEmbeddingBagCollection
+from .pipeline import FrugalTrainPipeline
+from .planner import FrugalShardingPlanner, frugal
+from .sharding import FRUGAL
+from .topology import CONSUMER_GPUS, consumer_pcie_topology
+
+patches.apply()
+
+__all__ = [
+    "CONSUMER_GPUS",
+    "FRUGAL",
+    "FrugalEmbeddingBagCollectionSharder",
+    "FrugalEmbeddingCollectionSharder",
+    "FrugalShardedEmbeddingBagCollection",
+    "FrugalShardedEmbeddingCollection",
+    "FrugalShardingPlanner",
+    "FrugalTrainPipeline",
+    "consumer_pcie_topology",
+    "frugal",
+]

@@ -1,0 +1,77 @@
+"""Checkpoint layout of frugal tables: row blocks per rank, as ShardedTensors on CPU.
+
+A frugal table lives once, in host memory; in a state_dict each rank contributes the block of
+rows TorchRec's row_wise sharding would give it, so a checkpoint can be loaded with
+torch.distributed.checkpoint into any sharding (frugal or stock), and back.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata, TensorProperties
+
+# Optimizer state columns by engine optimizer kind, named as FBGEMM's EmbeddingFusedOptimizer
+# names them in state_dict (``<table>.momentum1`` is the row-wise Adagrad accumulator).
+OPTIMIZER_STATE_NAMES: Dict[str, Tuple[str, ...]] = {"sgd": (), "rowwise_adagrad": ("momentum1",)}
+
+
+def row_blocks(num_rows: int, world_size: int) -> List[Tuple[int, int]]:
+    """(offset, size) of each rank's row block, as TorchRec's row_wise lays a table out."""
+    block = -(-num_rows // world_size)
+    return [(min(r * block, num_rows), max(0, min(block, num_rows - r * block))) for r in range(world_size)]
+
+
+def _global_rank(pg: Optional[dist.ProcessGroup], group_rank: int) -> int:
+    return group_rank if pg is None or pg is dist.GroupMember.WORLD else dist.get_global_rank(pg, group_rank)
+
+
+def rows_sharded_tensor(local: torch.Tensor, num_rows: int, pg: Optional[dist.ProcessGroup]) -> ShardedTensor:
+    """A ShardedTensor of ``num_rows`` rows whose block of this rank is ``local`` (no collective)."""
+    rank, world = dist.get_rank(pg), dist.get_world_size(pg)
+    tail = list(local.shape[1:])
+    metas: Dict[int, ShardMetadata] = {
+        r: ShardMetadata(
+            shard_offsets=[off] + [0] * len(tail),
+            shard_sizes=[size] + tail,
+            placement=f"rank:{_global_rank(pg, r)}/cpu",
+        )
+        for r, (off, size) in enumerate(row_blocks(num_rows, world))
+        if size > 0
+    }
+    metadata = ShardedTensorMetadata(
+        shards_metadata=list(metas.values()),
+        size=torch.Size([num_rows] + tail),
+        tensor_properties=TensorProperties(dtype=local.dtype, requires_grad=False),
+    )
+    shards = [Shard(local, metas[rank])] if rank in metas else []
+    return ShardedTensor._init_from_local_shards_and_global_metadata(shards, metadata, process_group=pg)
+
+
+def held_rows(
+    value: Union[ShardedTensor, torch.Tensor], what: str, pg: Optional[dist.ProcessGroup]
+) -> List[Tuple[int, torch.Tensor]]:
+    """(first row, rows) pieces of a loaded value this rank loads; each piece has whole rows.
+
+    A ShardedTensor gives its local shards; a whole tensor (the same on every rank) gives this
+    rank's row block, so that the ranks together load every row once.
+    """
+    if isinstance(value, ShardedTensor):
+        full_cols = list(value.size()[1:])
+        pieces = []
+        for shard in value.local_shards():
+            meta = shard.metadata
+            if list(meta.shard_sizes[1:]) != full_cols:
+                raise ValueError(
+                    f"{what}: a shard holds columns {meta.shard_offsets[1:]}+{meta.shard_sizes[1:]} of "
+                    f"{full_cols}; frugal tables load whole rows (load the checkpoint with "
+                    "torch.distributed.checkpoint into this model's state_dict first)"
+                )
+            pieces.append((int(meta.shard_offsets[0]), shard.tensor))
+        return pieces
+    if isinstance(value, torch.Tensor):
+        off, size = row_blocks(value.shape[0], dist.get_world_size(pg))[dist.get_rank(pg)]
+        return [(off, value[off : off + size])]
+    raise TypeError(f"{what}: expected a Tensor or ShardedTensor, got {type(value).__name__}")

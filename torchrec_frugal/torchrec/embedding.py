@@ -1,0 +1,169 @@
+"""Sharder and sharded module for EmbeddingCollection (sequence embeddings) with "frugal" tables.
+
+The EmbeddingCollection counterpart of :mod:`.embeddingbag`: frugal tables return one embedding
+per id, read through the engines; the other tables go to TorchRec's own sharding.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Type
+
+import torch
+from torchrec.distributed.embedding import (
+    EmbeddingCollectionContext,
+    EmbeddingCollectionSharder,
+    ShardedEmbeddingCollection,
+)
+from torchrec.distributed.embedding_sharding import EmbeddingSharding, EmbeddingShardingInfo
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.sharding.sequence_sharding import SequenceShardingContext
+from torchrec.distributed.types import (
+    Awaitable,
+    ParameterSharding,
+    QuantizedCommCodecs,
+    ShardingEnv,
+    ShardingType,
+)
+from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from ..config import FrugalConfig
+from .embeddingbag import FrugalShardedModuleMixin, check_features, customized_kernel_for_frugal
+from .sharding import FRUGAL, FrugalSequenceEmbeddingSharding
+
+# TorchRec's EmbeddingCollectionSharder offers these on every device.
+STOCK_SEQUENCE_SHARDING_TYPES: List[str] = [
+    ShardingType.DATA_PARALLEL.value,
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.ROW_WISE.value,
+]
+
+
+class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddingCollection):
+    """ShardedEmbeddingCollection whose "frugal" tables are served by Frugal engines."""
+
+    _frugal_weight_prefix = "embeddings."
+
+    def __init__(
+        self,
+        module: EmbeddingCollection,
+        table_name_to_parameter_sharding: Dict[str, ParameterSharding],
+        env: ShardingEnv,
+        fused_params: Optional[Dict[str, Any]] = None,
+        device: Optional[torch.device] = None,
+        qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+        use_index_dedup: bool = False,
+        module_fqn: Optional[str] = None,
+        config: Optional[FrugalConfig] = None,
+        presample_counts: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> None:
+        # Read by create_embedding_sharding, which the parent's __init__ calls.
+        self._frugal_config = config or FrugalConfig()
+        self._frugal_presample_counts = presample_counts
+        self._frugal_init_fns: Dict[str, Callable[[torch.Tensor], Any]] = {
+            c.name: c.init_fn for c in module.embedding_configs() if c.init_fn is not None
+        }
+        self._frugal_features = [f for c in module.embedding_configs() for f in c.feature_names]
+        super().__init__(
+            module,
+            customized_kernel_for_frugal(table_name_to_parameter_sharding),
+            env,
+            fused_params,
+            device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+            use_index_dedup=use_index_dedup,
+            module_fqn=module_fqn,
+        )
+
+    def create_embedding_sharding(  # type: ignore[override]
+        self,
+        sharding_type: str,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+    ) -> EmbeddingSharding[SequenceShardingContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]:
+        if sharding_type == FRUGAL:
+            return FrugalSequenceEmbeddingSharding(
+                sharding_infos,
+                env,
+                device,
+                config=self._frugal_config,
+                presample_counts=self._frugal_presample_counts,
+                init_fns=self._frugal_init_fns,
+            )
+        return super().create_embedding_sharding(
+            sharding_type=sharding_type,
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
+
+    def _initialize_torch_state(self, skip_registering: bool = False) -> None:
+        super()._initialize_torch_state(skip_registering)
+        if not skip_registering:
+            self._register_frugal_state_hooks()
+
+    def input_dist(  # type: ignore[override]
+        self, ctx: EmbeddingCollectionContext, features: KeyedJaggedTensor
+    ) -> Awaitable[Awaitable[Any]]:
+        check_features(features, self._frugal_features, type(self).__name__)
+        return super().input_dist(ctx, features)
+
+
+class FrugalEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """EmbeddingCollectionSharder that also offers the ``"frugal"`` sharding type.
+
+    Arguments as for :class:`~torchrec_frugal.torchrec.FrugalEmbeddingBagCollectionSharder`, plus
+    TorchRec's ``use_index_dedup``.
+    """
+
+    def __init__(
+        self,
+        fused_params: Optional[Dict[str, Any]] = None,
+        config: Optional[FrugalConfig] = None,
+        qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+        use_index_dedup: bool = False,
+        presample_counts: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> None:
+        super().__init__(fused_params, qcomm_codecs_registry, use_index_dedup)
+        self._config = config or FrugalConfig()
+        self._presample_counts = presample_counts
+
+    @property
+    def config(self) -> FrugalConfig:
+        return self._config
+
+    def shard(
+        self,
+        module: EmbeddingCollection,
+        params: Dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        module_fqn: Optional[str] = None,
+    ) -> FrugalShardedEmbeddingCollection:
+        return FrugalShardedEmbeddingCollection(
+            module,
+            params,
+            env,
+            self.fused_params,
+            device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            use_index_dedup=self._use_index_dedup,
+            module_fqn=module_fqn,
+            config=self._config,
+            presample_counts=self._presample_counts,
+        )
+
+    @property
+    def sharded_module_type(self) -> Type[FrugalShardedEmbeddingCollection]:
+        return FrugalShardedEmbeddingCollection
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return [FRUGAL] + STOCK_SEQUENCE_SHARDING_TYPES
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        if sharding_type == FRUGAL:
+            return [EmbeddingComputeKernel.FUSED.value]
+        return super().compute_kernels(sharding_type, compute_device_type)

@@ -1,0 +1,87 @@
+"""The fused optimizer of frugal tables, as a KeyedOptimizer (``DistributedModelParallel.fused_optimizer``).
+
+The update itself runs inside backward, in the engine (like FBGEMM's fused kernels); this
+optimizer exposes its learning rate through ``param_groups`` and its state for checkpoints.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Union
+
+import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torchrec.optim.fused import FusedOptimizer
+
+from .checkpoint import OPTIMIZER_STATE_NAMES, held_rows, row_blocks, rows_sharded_tensor
+
+if TYPE_CHECKING:
+    from .sharding import FrugalTableGroup
+
+
+class FrugalOptimizerState:
+    """One row-wise optimizer state of one table (``<table>.momentum1``), read from host on demand.
+
+    KeyedOptimizer turns it into a ShardedTensor through ``state_dict()`` and loads one through
+    ``load_state_dict()``, so checkpoints look like those of FBGEMM's fused optimizer.
+    """
+
+    def __init__(self, group: "FrugalTableGroup", table: str, column: int) -> None:
+        self._group = group
+        self._table = table
+        self._column = column
+
+    def _num_rows(self) -> int:
+        return self._group.tables[self._group.table_index[self._table]].num_embeddings
+
+    def state_dict(self) -> ShardedTensor:
+        g = self._group
+        g.ensure_flushed()
+        n = self._num_rows()
+        off, size = row_blocks(n, torch.distributed.get_world_size(g.pg))[torch.distributed.get_rank(g.pg)]
+        _, state = g.read(self._table, torch.arange(off, off + size))
+        return rows_sharded_tensor(state[:, self._column].clone(), n, g.pg)
+
+    def load_state_dict(self, value: Union[ShardedTensor, torch.Tensor]) -> None:
+        g = self._group
+        if isinstance(value, torch.Tensor) and tuple(value.shape) != (self._num_rows(),):
+            raise ValueError(
+                f"optimizer state {self._table}.{self.name}: expected shape {(self._num_rows(),)}, got {tuple(value.shape)}"
+            )
+        g.ensure_flushed()
+        parts = []
+        for first, rows in held_rows(value, f"optimizer state {self._table}.{self.name}", g.pg):
+            ids = torch.arange(first, first + rows.shape[0])
+            _, state = g.read(self._table, ids)
+            state[:, self._column] = rows.reshape(-1).to(state.dtype)
+            parts.append((self._table, ids, None, state))
+        g.write(parts)
+
+    @property
+    def name(self) -> str:
+        return OPTIMIZER_STATE_NAMES[self._group.engine.optimizer.kind][self._column]
+
+
+class FrugalFusedOptimizer(FusedOptimizer):
+    """KeyedOptimizer of one engine's tables; ``param_groups[0]["lr"]`` drives the engine."""
+
+    def __init__(self, group: "FrugalTableGroup") -> None:
+        self._group = group
+        names = OPTIMIZER_STATE_NAMES[group.engine.optimizer.kind]
+        params = {f"{t.name}.weight": group.placeholders[t.name] for t in group.tables}
+        state: Dict[Any, Any] = {
+            group.placeholders[t.name]: {
+                f"{t.name}.{name}": FrugalOptimizerState(group, t.name, column) for column, name in enumerate(names)
+            }
+            for t in group.tables
+        }
+        super().__init__(params, state, [{"params": list(params.values()), "lr": group.engine.optimizer.lr}])
+
+    def _sync_lr(self) -> None:
+        # Like FBGEMM's EmbeddingFusedOptimizer: the rate set in param_groups reaches the kernel
+        # at the next zero_grad() or step(), and applies from the next backward on.
+        self._group.engine.optimizer.lr = float(self.param_groups[0]["lr"])  # type: ignore[index]
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self._sync_lr()
+
+    def step(self, closure: Any = None) -> None:
+        self._sync_lr()

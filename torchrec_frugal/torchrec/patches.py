@@ -1,0 +1,238 @@
+"""Shims that teach TorchRec 1.8's planner the "frugal" sharding type.
+
+TorchRec's planner dispatches on the stock sharding-type strings in a few module-level
+functions that raise on any other string. Each shim below wraps one of them: for "frugal" it
+answers, for every other type it calls the original unchanged. With them, TorchRec's own
+``EmbeddingShardingPlanner`` (the one ``DistributedModelParallel`` builds when given no plan)
+enumerates, costs, partitions and reports frugal tables; ``FrugalShardingPlanner`` builds on it.
+
+``apply()`` installs them once (importing ``torchrec_frugal.torchrec`` calls it). ``PATCHES``
+records, for each, the SHA-256 of the original function's source that the shim was written
+against; tests/test_torchrec_patches.py fails when a TorchRec upgrade changes one.
+
+What each shim decides for "frugal" (see patches/README.md for the reasons):
+
+1. ``enumerators.calculate_shard_sizes_and_offsets``: one block of rows per rank, as row_wise.
+   A frugal table lives once in host memory; each rank accounts for (and checkpoints) a block.
+2. ``enumerators.get_partition_by_type``: "uniform" (one shard on every rank, fixed layout).
+3. ``shard_estimators.calculate_shard_storages``: each rank's block in host memory (DDR) plus its
+   own batch's input/output buffers; the device cache is sized afterwards
+   (``FrugalShardingPlanner``) from the memory the plan leaves.
+4. ``_calculate_shard_io_sizes`` (in shard_estimators, and in stats which imports it by name):
+   data_parallel's buffers, since each rank reads its own batch and keeps its output.
+5. ``stats._get_sharding_type_abbr``: "FR" in the planner's report.
+6. ``estimator.TRAINING_EVALUATORS["frugal"]``: ``FrugalPerfEvaluator`` (a registry entry, not a
+   function wrap): local lookups like data_parallel, cold rows over PCIe, gradients to the owners.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
+
+from torchrec.distributed.planner import enumerators, shard_estimators, stats
+from torchrec.distributed.planner.estimator import estimator as perf_estimator
+from torchrec.distributed.planner.estimator.estimator import DataParallelEvaluator
+from torchrec.distributed.planner.estimator.types import HardwarePerfConfig, ShardPerfContext
+from torchrec.distributed.planner.types import PartitionByType, Storage
+from torchrec.distributed.types import ShardingType
+
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+from ..config import FrugalConfig
+from .sharding import FRUGAL
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A module-level function of TorchRec replaced by a frugal-aware wrapper."""
+
+    module: Any
+    name: str
+    source_sha256: str  # of the original's source, as the shim was written against
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def source_sha256(fn: Callable[..., Any]) -> str:
+    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+
+
+def _calculate_shard_sizes_and_offsets(original: Callable[..., Any]) -> Callable[..., Any]:
+    def calculate_shard_sizes_and_offsets(*args: Any, **kwargs: Any) -> Tuple[List[List[int]], List[List[int]]]:
+        bound = inspect.signature(original).bind(*args, **kwargs)
+        if bound.arguments["sharding_type"] == FRUGAL:
+            # Plain ceil-sized blocks, the layout of torchrec_frugal.torchrec.checkpoint.row_blocks.
+            bound.arguments["sharding_type"] = ShardingType.ROW_WISE.value
+            bound.arguments.pop("num_buckets", None)
+            bound.arguments.pop("device_memory_sizes", None)
+        return original(*bound.args, **bound.kwargs)
+
+    return calculate_shard_sizes_and_offsets
+
+
+def _get_partition_by_type(original: Callable[[str], str]) -> Callable[[str], str]:
+    def get_partition_by_type(sharding_type: str) -> str:
+        if sharding_type == FRUGAL:
+            return PartitionByType.UNIFORM.value
+        return original(sharding_type)
+
+    return get_partition_by_type
+
+
+def frugal_row_bytes(embedding_dim: int, element_size: int, fused_params: Dict[str, Any]) -> int:
+    """Bytes per row of a frugal table: the weights and the optimizer state stored beside them.
+
+    Planning must not fail on an optimizer frugal tables do not run (the table may end up on a
+    stock type): unknown optimizers count one float of state per column.
+    """
+    opt = fused_params.get("optimizer", EmbOptimType.EXACT_SGD)
+    state = {EmbOptimType.EXACT_SGD: 0, EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1}.get(opt, embedding_dim)
+    return embedding_dim * element_size + 4 * state
+
+
+def _calculate_shard_storages(original: Callable[..., List[Storage]]) -> Callable[..., List[Storage]]:
+    def calculate_shard_storages(*args: Any, **kwargs: Any) -> List[Storage]:
+        bound = inspect.signature(original).bind(*args, **kwargs)
+        if bound.arguments["sharding_type"] != FRUGAL:
+            return original(*bound.args, **bound.kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        tensor = a["tensor"]
+        input_sizes, output_sizes = shard_estimators._calculate_shard_io_sizes(
+            sharding_type=FRUGAL,
+            batch_sizes=a["batch_sizes"],
+            world_size=a["world_size"],
+            local_world_size=a["local_world_size"],
+            input_lengths=a["input_lengths"],
+            emb_dim=tensor.shape[1],
+            shard_sizes=a["shard_sizes"],
+            input_data_type_size=a["input_data_type_size"],
+            output_data_type_size=a["output_data_type_size"],
+            num_poolings=a["num_poolings"],
+            is_pooled=a["is_pooled"],
+        )
+        row_bytes = frugal_row_bytes(tensor.shape[1], tensor.element_size(), a["sharder_data"].fused_params)
+        on_device = a["compute_device"] in {"cuda", "mtia"}
+        storages = []
+        for size, inp, out in zip(a["shard_sizes"], input_sizes, output_sizes):
+            host = size[0] * row_bytes
+            io = 0 if a["is_inference"] else inp + out
+            storages.append(Storage(hbm=io if on_device else 0, ddr=host if on_device else host + io, ssd=0))
+        return storages
+
+    return calculate_shard_storages
+
+
+def _calculate_shard_io_sizes(original: Callable[..., Tuple[List[int], List[int]]]) -> Callable[..., Tuple[List[int], List[int]]]:
+    def calculate_shard_io_sizes(*args: Any, **kwargs: Any) -> Tuple[List[int], List[int]]:
+        bound = inspect.signature(original).bind(*args, **kwargs)
+        if bound.arguments["sharding_type"] == FRUGAL:
+            # Each rank reads its own batch and keeps its output: data_parallel's buffers.
+            bound.arguments["sharding_type"] = ShardingType.DATA_PARALLEL.value
+        return original(*bound.args, **bound.kwargs)
+
+    return calculate_shard_io_sizes
+
+
+def _get_sharding_type_abbr(original: Callable[[str], str]) -> Callable[[str], str]:
+    def get_sharding_type_abbr(sharding_type: str) -> str:
+        if sharding_type == FRUGAL:
+            return "FR"
+        return original(sharding_type)
+
+    return get_sharding_type_abbr
+
+
+class FrugalPerfEvaluator(DataParallelEvaluator):
+    """Per-rank cost of a frugal table in TorchRec's perf model.
+
+    Lookups and pooling cover the rank's own batch (as data_parallel), but only the rows in the
+    rank's cache are read at device bandwidth; the rest cross PCIe from host memory. Backward
+    sends the batch's row gradients to their owners through host memory; the owners' host writes
+    run in the background and are not on the critical path. No all-to-all, no all-reduce.
+    """
+
+    def _cached_fraction(self, ctx: ShardPerfContext) -> float:
+        ratio = ctx.caching_ratio if ctx.caching_ratio is not None else FrugalConfig().cache_ratio
+        return min(1.0, max(0.0, ratio))
+
+    def _get_device_bw(self, ctx: ShardPerfContext, config: HardwarePerfConfig) -> float:
+        h = self._cached_fraction(ctx)
+        pcie = min(ctx.hbm_to_ddr_mem_bw, ctx.device_bw)
+        return 1.0 / (h / ctx.device_bw + (1.0 - h) / pcie)
+
+    def _default_bwd_comms(self, ctx: ShardPerfContext, config: HardwarePerfConfig) -> float:
+        grads = ctx.batch_inputs * ctx.emb_dim * ctx.table_data_type_size
+        return grads * (1.0 - self._cached_fraction(ctx)) / min(ctx.hbm_to_ddr_mem_bw, ctx.device_bw)
+
+
+PATCHES: List[Patch] = [
+    Patch(
+        enumerators,
+        "calculate_shard_sizes_and_offsets",
+        "3e2bf2e8aa811265e18e91ea3aac361c90f43a490e85cf54eb4583d998445fd7",
+        _calculate_shard_sizes_and_offsets,
+    ),
+    Patch(
+        enumerators,
+        "get_partition_by_type",
+        "80f60cb23c32543855d44f867e5ccb54a1a8bd39d3bcd7f77e7fb3fd63716deb",
+        _get_partition_by_type,
+    ),
+    Patch(
+        shard_estimators,
+        "calculate_shard_storages",
+        "df15280c8efacce49c2d487ed5ec369c00eeef647efc6402af7d7802ec785c78",
+        _calculate_shard_storages,
+    ),
+    Patch(
+        shard_estimators,
+        "_calculate_shard_io_sizes",
+        "0ea579d1189a62173931d4ab5c50e79da0a4107d842a37061195237d1e5ed9cb",
+        _calculate_shard_io_sizes,
+    ),
+    # stats imports it by name for the planner's report.
+    Patch(
+        stats,
+        "_calculate_shard_io_sizes",
+        "0ea579d1189a62173931d4ab5c50e79da0a4107d842a37061195237d1e5ed9cb",
+        _calculate_shard_io_sizes,
+    ),
+    Patch(
+        stats,
+        "_get_sharding_type_abbr",
+        "6ae67b70ddfbed11098119d89fa112bcb2f436e9ede2cdc30d4ffd07e18b722d",
+        _get_sharding_type_abbr,
+    ),
+]
+
+# TorchRec functions the shims rely on without replacing them: (module, name, source SHA-256).
+RELIED_ON: List[Tuple[Any, str, str]] = [
+    # The perf model finds FrugalPerfEvaluator through this lookup in TRAINING_EVALUATORS.
+    (
+        perf_estimator,
+        "get_embedding_perf_sharding_evaluator",
+        "19ce0f0f58a11d885567804e69ff127935b644345330a2f9df286ffdb76e0b93",
+    ),
+]
+
+_originals: Dict[Tuple[str, str], Callable[..., Any]] = {}
+
+
+def original(patch: Patch) -> Callable[..., Any]:
+    """The TorchRec function ``patch`` wraps (the current one if not applied yet)."""
+    return _originals.get((patch.module.__name__, patch.name), getattr(patch.module, patch.name))
+
+
+def apply() -> None:
+    """Install the shims and the perf evaluator; idempotent."""
+    for p in PATCHES:
+        key = (p.module.__name__, p.name)
+        if key in _originals:
+            continue
+        fn = getattr(p.module, p.name)
+        _originals[key] = fn
+        setattr(p.module, p.name, p.make(fn))
+    perf_estimator.TRAINING_EVALUATORS.setdefault(FRUGAL, FrugalPerfEvaluator())
+

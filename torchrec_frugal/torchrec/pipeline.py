@@ -1,0 +1,140 @@
+"""FrugalTrainPipeline: TorchRec's sparse-dist pipeline plus the lookahead window.
+
+Frugal orders its background host writes by the step that next reads each row, so it must know
+the ids of the next L batches. This pipeline reads the data loader L batches ahead and announces
+each batch's ids, in training order, to the engines of every frugal module it pipelines. Without
+it (a plain training loop) the engines stay exact: every write is flushed before it is read.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Deque, Iterator, List, Optional
+
+import torch
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline.pipeline_context import In, Out
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from .embeddingbag import FrugalShardedModuleMixin
+
+
+class _LookaheadReader(Iterator[In]):
+    """The data loader as the pipeline sees it: batches come out in order, read ahead."""
+
+    def __init__(self, pipeline: "FrugalTrainPipeline[In, Out]", source: Iterator[In]) -> None:
+        self.source = source
+        self._pipeline = pipeline
+
+    def __iter__(self) -> "_LookaheadReader[In]":
+        return self
+
+    def __next__(self) -> In:
+        return self._pipeline._next_read_batch()
+
+
+class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
+    """TrainPipelineSparseDist that feeds the ids of the next L batches to the Frugal engines.
+
+    ``progress(dataloader_iter)`` returns what ``TrainPipelineSparseDist.progress`` returns.
+
+    Args:
+        model: the DistributedModelParallel model.
+        optimizer: as for TrainPipelineSparseDist (e.g. a CombinedOptimizer).
+        device: as for TrainPipelineSparseDist.
+        lookahead: batches read ahead, at most the engines' ``FrugalConfig.lookahead``
+            (default: that value). 0 reads no further ahead than TorchRec does.
+        **kwargs: passed to TrainPipelineSparseDist.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        lookahead: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, optimizer, device, **kwargs)
+        if lookahead is not None and lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+        self._requested_lookahead = lookahead
+        self._window: Optional[int] = None  # resolved once the frugal modules are known
+        self._reader: Optional[_LookaheadReader[In]] = None
+        self._ahead: Deque[In] = deque()  # read from the source, not yet handed to the pipeline
+        self._unannounced: Deque[In] = deque()  # read, ids not yet announced (a suffix of all read)
+        self._source_exhausted = False
+        self._frugal: Optional[List[FrugalShardedModuleMixin]] = None
+
+    def progress(self, dataloader_iter: Iterator[In]) -> Out:
+        if self._reader is None or self._reader.source is not dataloader_iter:
+            self._reader = _LookaheadReader(self, dataloader_iter)
+            self._source_exhausted = False
+        return super().progress(self._reader)
+
+    def fill_pipeline(self, dataloader_iter: Iterator[In]) -> None:
+        super().fill_pipeline(dataloader_iter)
+        # Runs at the start of every progress(): the step about to run gets announced.
+        self._announce()
+
+    # ------------------------------------------------------------------ reading ahead
+    def _frugal_modules(self) -> Optional[List[FrugalShardedModuleMixin]]:
+        """The pipelined frugal modules, once TrainPipelineSparseDist has rewritten the model."""
+        if self._frugal is None and self._pipelined_modules:
+            self._frugal = [
+                m for m in self._pipelined_modules if isinstance(m, FrugalShardedModuleMixin) and m.frugal_lookups()
+            ]
+            window = min((m.lookahead() for m in self._frugal), default=0)
+            if self._requested_lookahead is not None:
+                if self._requested_lookahead > window:
+                    raise ValueError(
+                        f"FrugalTrainPipeline(lookahead={self._requested_lookahead}) exceeds the engines' "
+                        f"window FrugalConfig.lookahead={window}"
+                    )
+                window = self._requested_lookahead
+            self._window = window
+        return self._frugal
+
+    def _next_read_batch(self) -> In:
+        assert self._reader is not None
+        self._frugal_modules()
+        # Keep the current step's batch and the next L read (TorchRec itself holds up to 3).
+        need = max(1, (self._window or 0) + 1 - len(self.batches))
+        while len(self._ahead) < need and not self._source_exhausted:
+            batch = next(self._reader.source, None)
+            if batch is None:
+                self._source_exhausted = True
+                break
+            self._ahead.append(batch)
+            if self._window is None or self._window > 0:  # None: model not traced yet
+                self._unannounced.append(batch)
+        self._announce()
+        if not self._ahead:
+            raise StopIteration
+        return self._ahead.popleft()
+
+    def _announce(self) -> None:
+        """Announce read batches, in order, as far as the engines' windows take them."""
+        modules = self._frugal_modules()
+        if modules is None:  # not traced yet: announce once the modules are known
+            return
+        if not modules or not self._window:
+            self._unannounced.clear()
+            return
+        while self._unannounced and min(m.lookahead_capacity() for m in modules) > 0:
+            # Every module's rows first: a bad batch raises before any engine is told about it.
+            rows = [m.lookahead_rows(self._module_features(m, self._unannounced[0])) for m in modules]
+            for m, r in zip(modules, rows):
+                m.announce(r)
+            self._unannounced.popleft()
+
+    @staticmethod
+    def _module_features(module: FrugalShardedModuleMixin, batch: Any) -> KeyedJaggedTensor:
+        """The KJT ``module`` receives for ``batch``, found by TorchRec's traced arguments."""
+        args, kwargs = module.forward.args.build_args_kwargs(batch)  # type: ignore[attr-defined]
+        args, kwargs = module.preprocess_input(args, kwargs)  # type: ignore[attr-defined]
+        found = [a for a in list(args) + list(kwargs.values()) if isinstance(a, KeyedJaggedTensor)]
+        if len(found) != 1:
+            raise RuntimeError(
+                f"{type(module).__name__}: expected one KeyedJaggedTensor argument, found {len(found)}"
+            )
+        return found[0]

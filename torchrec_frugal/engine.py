@@ -54,6 +54,31 @@ from .priority_queue import INF, make_queue
 InitWeights = Union[Sequence[torch.Tensor], Callable[[int, torch.Tensor], None], None]
 
 
+def _unique_sorted(rows: np.ndarray) -> np.ndarray:
+    """Unique values of ``rows``; O(n) when it is already sorted (the common case)."""
+    if rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+        return np.unique(rows)
+    return rows
+
+
+def _merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """Unique values of the concatenation of sorted runs, and each element's index into them.
+
+    A stable sort of a few sorted runs is a merge (timsort), cheaper than hashing every value.
+    """
+    cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    if cat.size == 0:
+        return cat, np.zeros(0, dtype=np.int64)
+    order = np.argsort(cat, kind="stable")
+    srt = cat[order]
+    first = np.empty(srt.shape[0], dtype=bool)
+    first[0] = True
+    np.not_equal(srt[1:], srt[:-1], out=first[1:])
+    inverse = np.empty(cat.shape[0], dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return srt[first], inverse
+
+
 class FrugalEngine:
     """Frugal training of a group of equal-dim embedding tables on the ranks of one machine."""
 
@@ -148,8 +173,8 @@ class FrugalEngine:
         cached_rows = self.ownership.cached_rows(self.rank)
         self.store = OwnerStore(self.num_rows, cached_rows, d, s, self.device)
         idx = torch.from_numpy(cached_rows)
-        self.store.weights[: len(cached_rows)] = self._host_w[idx].to(self.device)
-        self.store.state[: len(cached_rows)] = self._host_s[idx].to(self.device)
+        self.store.weights[: len(cached_rows)] = self._host_w.index_select(0, idx).to(self.device)
+        self.store.state[: len(cached_rows)] = self._host_s.index_select(0, idx).to(self.device)
 
         # Pending host writes of the rows this rank owns.
         self.queue = make_queue(self.config.queue, self.num_rows, self.lookahead)
@@ -316,7 +341,7 @@ class FrugalEngine:
 
     def _publish(self, t: int, rows: torch.Tensor) -> None:
         """Write the rows this rank reads from host at step t into its ring, sorted by owner."""
-        u = np.unique(rows.numpy())
+        u = _unique_sorted(rows.numpy())
         u = u[~self._mine_cached[u]]
         own = self._owner_np[u]
         order = np.argsort(own, kind="stable")
@@ -354,7 +379,7 @@ class FrugalEngine:
                     counts = box["la_counts"][slot].numpy()
                     lo = int(counts[: self.rank].sum())
                     parts.append(box["la_rows"][slot, lo : lo + int(counts[self.rank])].numpy())
-                rows_t = np.unique(np.concatenate(parts))
+                rows_t, _ = _merge_unique(parts)
                 newly = self.window.add_step(t, rows_t)
                 if newly.size:
                     deferred = newly[self.queue.priority_of(newly) == INF]
@@ -409,15 +434,22 @@ class FrugalEngine:
         r_np = rows.numpy()
         slots = self.store.slot_of[r_np]
         hit = slots >= 0
-        out = torch.empty(rows.shape[0], self.dim, dtype=torch.float32, device=self.device)
-        hit_t = torch.from_numpy(hit)
-        if hit.any():
-            out[hit_t.to(self.device)] = self.store.weights[torch.from_numpy(slots[hit]).to(self.device)]
-        if not hit.all():
-            miss = ~hit_t
-            out[miss.to(self.device)] = self._host_w[rows[miss]].to(self.device)
+        n_hit = int(np.count_nonzero(hit))
         self._lookups += int(rows.shape[0])
-        self._hits += int(np.count_nonzero(hit & (slots < self.store.num_static)))
+        self._hits += int(np.count_nonzero(slots[hit] < self.store.num_static)) if n_hit else 0
+        if n_hit == 0:
+            return self._host_w.index_select(0, rows).to(self.device)
+        if n_hit == rows.shape[0]:
+            return self.store.weights.index_select(0, torch.from_numpy(slots).to(self.device))
+        out = torch.empty(rows.shape[0], self.dim, dtype=torch.float32, device=self.device)
+        hit_pos = torch.from_numpy(np.flatnonzero(hit)).to(self.device)
+        miss = np.flatnonzero(~hit)
+        out.index_copy_(0, hit_pos, self.store.weights.index_select(0, torch.from_numpy(slots[hit]).to(self.device)))
+        out.index_copy_(
+            0,
+            torch.from_numpy(miss).to(self.device),
+            self._host_w.index_select(0, torch.from_numpy(r_np[miss])).to(self.device),
+        )
         return out
 
     def apply_gradients(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> None:
@@ -442,8 +474,8 @@ class FrugalEngine:
         order = torch.from_numpy(np.argsort(own, kind="stable"))
         k = r_np.shape[0]
         box = self._boxes[self.rank]
-        box["g_rows"][:k] = rows[order]
-        box["g_grads"][:k] = grads[order]
+        torch.index_select(rows, 0, order, out=box["g_rows"][:k])
+        torch.index_select(grads, 0, order, out=box["g_grads"][:k])
         box["g_counts"].copy_(torch.from_numpy(np.bincount(own, minlength=self.world_size)))
         self.control.set(STAGED, s)
         self.control.wait(
@@ -457,15 +489,15 @@ class FrugalEngine:
             counts = b["g_counts"].numpy()
             lo = int(counts[: self.rank].sum())
             hi = lo + int(counts[self.rank])
-            parts_r.append(b["g_rows"][lo:hi])
+            parts_r.append(b["g_rows"][lo:hi].numpy())
             parts_g.append(b["g_grads"][lo:hi])
-        cat_r = torch.cat(parts_r)
-        cat_g = torch.cat(parts_g)
-        uniq, inv = torch.unique(cat_r, return_inverse=True)
-        summed = torch.zeros(uniq.shape[0], self.dim, dtype=torch.float32).index_add_(0, inv, cat_g)
+        # Sorted runs (one per rank) when the callers pass sorted rows, as the TorchRec glue does.
+        u_np, inv = _merge_unique(parts_r)
+        summed = torch.zeros(u_np.shape[0], self.dim, dtype=torch.float32).index_add_(
+            0, torch.from_numpy(inv), torch.cat(parts_g)
+        )
 
         self._ingest_available(through=s)
-        u_np = uniq.numpy()
         with self._lock:
             if self.window is not None:
                 self.window.retire(s)
@@ -478,15 +510,15 @@ class FrugalEngine:
                 new_slots = store.alloc(new_rows)
                 nr = torch.from_numpy(new_rows)
                 ns = torch.from_numpy(new_slots).to(self.device)
-                store.weights[ns] = self._host_w[nr].to(self.device)
-                store.state[ns] = self._host_s[nr].to(self.device)
+                store.weights.index_copy_(0, ns, self._host_w.index_select(0, nr).to(self.device))
+                store.state.index_copy_(0, ns, self._host_s.index_select(0, nr).to(self.device))
                 slots[fresh] = new_slots
             sl = torch.from_numpy(slots).to(self.device)
-            w = store.weights[sl]
-            st = store.state[sl]
+            w = store.weights.index_select(0, sl)
+            st = store.state.index_select(0, sl)
             apply_update(self.optimizer, w, st, summed.to(self.device), s)
-            store.weights[sl] = w
-            store.state[sl] = st
+            store.weights.index_copy_(0, sl, w)
+            store.state.index_copy_(0, sl, st)
             self._version[u_np] += 1
             if self.window is None:
                 prio: Union[int, np.ndarray] = s + 1
@@ -559,9 +591,9 @@ class FrugalEngine:
                 src_w, src_s = self.store.weights, self.store.state
             r = torch.from_numpy(rows)
             sl = torch.from_numpy(slots).to(self.device)
-            self._host_w[r] = src_w[sl].to("cpu")
+            self._host_w.index_copy_(0, r, src_w.index_select(0, sl).to("cpu"))
             if self.state_width:
-                self._host_s[r] = src_s[sl].to("cpu")
+                self._host_s.index_copy_(0, r, src_s.index_select(0, sl).to("cpu"))
             with self._lock:
                 # Rows updated meanwhile were re-queued by the update and stay pending.
                 done = rows[self._version[rows] == snapshot]

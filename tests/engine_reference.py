@@ -7,7 +7,7 @@ so a stale read changes the trajectory and cannot go unnoticed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ class Scenario:
     queue: str = "two_level"
     flush_workers: int = 1
     max_deferred_rows: int = 65536
+    in_host: Optional[bool] = None  # None: in place on CPU; False: dynamic slots + flush (the GPU path)
     seed: int = 0
     broken_lookahead: bool = False  # negative control: hide every host read from the owners
 
@@ -52,7 +53,7 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     wl = ZipfWorkload(sc.table_rows, sc.ids_per_step, s=1.2, seed=sc.seed)
     cfg = FrugalConfig(lookahead=sc.lookahead, cache_ratio=sc.cache_ratio, queue=sc.queue,
                        flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60,
-                       max_deferred_rows=sc.max_deferred_rows)
+                       max_deferred_rows=sc.max_deferred_rows, update_uncached_in_host=sc.in_host)
     eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed)
     if sc.broken_lookahead:
         # Owners then see no future host reads, defer every flush, and the gate never waits:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 QUEUE_KINDS = ("two_level", "heap")
 OPTIMIZER_KINDS = ("sgd", "rowwise_adagrad", "adam")
@@ -21,6 +22,11 @@ class FrugalConfig:
     max_deferred_rows: rows that may wait in the infinity bucket (no read in the window) before
         the flushers drain it. Deferral coalesces repeated updates of a row into one host write;
         the bound caps the device memory that uncached deferred rows hold.
+    update_uncached_in_host: where an owner updates a row it does not cache. False: in a dynamic
+        slot of its device memory, flushed to host in the background (the paper's path). True:
+        in place in host memory during the update (nobody reads host before the update ends).
+        None picks True on a CPU device, where device memory is host memory and a dynamic slot
+        would only add two copies, and False on an accelerator.
     timeout_s: longest wait on another rank before the run is aborted with an error.
     """
 
@@ -30,6 +36,7 @@ class FrugalConfig:
     queue: str = "two_level"
     flush_chunk_rows: int = 8192
     max_deferred_rows: int = 65536
+    update_uncached_in_host: Optional[bool] = None
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:

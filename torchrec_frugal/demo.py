@@ -1,136 +1,216 @@
-"""`make demo`: multi-process embedding training through the Frugal engine on this machine.
+"""`make demo`: the DLRM example on 2 ranks, Frugal against stock TorchRec.
 
-Two ranks learn embedding tables (Zipf-skewed ids) for a planted linear target, once with
-proactive flushing (lookahead 10) and once with write-through (lookahead 0), on the same data.
-Both runs are exact, so they must end with the same tables; the demo prints what it measured.
+Runs ``examples/dlrm/train.py`` under torchrun twice on the same configuration and data (the
+default one: criteo-kaggle shape at scale 0.1, embedding dim 32, batch 1024 per rank), once with
+``--sharder frugal`` and once with ``--sharder torchrec --sharding table_wise``, about half a
+minute each on a 2-core machine, then prints samples/s, loss, AUC and gate stall side by side.
+
+    python -m torchrec_frugal.demo                 # from the repository root (what `make demo` does)
+    python -m torchrec_frugal.demo --steps 60      # a quicker look
+
+The demo needs the repository checkout (``examples/`` is not part of the installed package).
+
+``run_train`` (run train.py under torchrun, return its ``--summary`` JSON plus wall time and the
+machine's other load) is also what ``benchmarks/bench_dlrm.py`` uses.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import socket
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
 import time
-from datetime import timedelta
-from typing import Dict, List
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from tqdm import tqdm
-
-from .config import FrugalConfig, OptimizerSpec, TableSpec
-from .engine import FrugalEngine
-from .workload import ZipfWorkload
-
-TABLE_ROWS = (200_000, 50_000, 20_000, 5_000)
-DIM = 16
+TRAIN_REL = Path("examples") / "dlrm" / "train.py"
 
 
-def _train(rank: int, world: int, lookahead: int, args: argparse.Namespace) -> Dict[str, float]:
-    wl = ZipfWorkload(TABLE_ROWS, args.batch, s=1.2, seed=args.seed)
-    gen = torch.Generator().manual_seed(1234)
-    probe = torch.randn(DIM, generator=gen)  # fixed readout: prediction = <sum of embeddings, probe>
-    target_rows = torch.randn(sum(TABLE_ROWS), generator=gen)  # planted per-row contribution
-    eng = FrugalEngine(
-        [TableSpec(f"t{i}", n, DIM) for i, n in enumerate(TABLE_ROWS)],
-        OptimizerSpec("rowwise_adagrad", lr=0.05),
-        FrugalConfig(lookahead=lookahead, cache_ratio=0.05),
-        presample_counts=wl.counts(rank, 20),
-        seed=args.seed,
+class TrainRunError(RuntimeError):
+    """A train.py run failed; the message ends with the tail of its output."""
+
+
+def find_train_script(explicit: Optional[str] = None) -> Path:
+    """examples/dlrm/train.py of the checkout: ``explicit``, else under the current directory, else
+    beside the package (an editable install of the checkout). Exits with a clear message if absent."""
+    if explicit:
+        candidates = [Path(explicit)]
+    else:
+        candidates = [Path.cwd() / TRAIN_REL, Path(__file__).resolve().parents[1] / TRAIN_REL]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise SystemExit(
+        f"{TRAIN_REL} not found (looked at {', '.join(str(c) for c in candidates)}). The demo runs the DLRM "
+        "example of the repository checkout: run it from the repository root (`make demo`), or pass --train PATH."
     )
-    off = eng.table_offsets
-
-    def batch(step: int) -> torch.Tensor:  # [B, tables] fused rows, one id per table per sample
-        return torch.stack([ids + off[t] for t, ids in enumerate(wl.batch(rank, step))], dim=1)
-
-    for t in range(lookahead):
-        eng.push_lookahead(batch(t).reshape(-1))
-    losses: List[float] = []
-    gate = flushed = hits = lookups = 0.0
-    bar = tqdm(range(args.steps), desc=f"lookahead={lookahead}", disable=rank != 0, leave=False)
-    t0 = time.perf_counter()
-    for step in bar:
-        if lookahead and step + lookahead < args.steps:
-            eng.push_lookahead(batch(step + lookahead).reshape(-1))
-        rows = batch(step)
-        flat = rows.reshape(-1)
-        eng.begin_step(flat)
-        emb = eng.lookup(flat).view(rows.shape[0], rows.shape[1], DIM).requires_grad_()
-        pred = emb.sum(dim=1) @ probe
-        loss = torch.nn.functional.mse_loss(pred, target_rows[rows].sum(dim=1))
-        loss.backward()
-        uniq, inv = torch.unique(flat, return_inverse=True)
-        grads = torch.zeros(uniq.shape[0], DIM).index_add_(0, inv, emb.grad.reshape(-1, DIM))
-        eng.apply_gradients(uniq, grads)
-        m = eng.last_metrics
-        gate += m.gate_wait_s
-        flushed += m.bytes_flushed
-        hits += m.cache_hits
-        lookups += m.lookups
-        losses.append(loss.item())
-        if rank == 0 and step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-    elapsed = time.perf_counter() - t0
-    eng.flush()
-    weights, _ = eng.read_rows()
-    eng.close()
-    return {
-        "samples_per_s": args.batch * args.steps * world / elapsed,
-        "loss_first": float(np.mean(losses[:20])),
-        "loss_last": float(np.mean(losses[-20:])),
-        "gate_stall": gate / elapsed,
-        "mb_flushed_per_step": flushed / args.steps / 1e6,
-        "hit_ratio": hits / max(lookups, 1),
-        "weights": weights,
-    }
 
 
-def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: "mp.Queue") -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    results = {L: _train(rank, world, L, args) for L in (10, 0)}
-    if rank == 0:
-        diff = (results[10]["weights"] - results[0]["weights"]).abs().max().item()
-        for r in results.values():
-            del r["weights"]
-        out.put((results, diff))
-    dist.barrier()
-    dist.destroy_process_group()
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat (0 where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch", type=int, default=512, help="samples per rank per step")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    print(f"Frugal demo: {args.world} ranks, tables {TABLE_ROWS} x dim {DIM}, Zipf s=1.2, "
-          f"batch {args.batch} per rank, {args.steps} steps per mode, row-wise Adagrad")
-    procs = [ctx.Process(target=_rank_main, args=(r, args.world, port, args, out)) for r in range(args.world)]
-    for pr in procs:
-        pr.start()
-    results, diff = out.get(timeout=1800)
-    for pr in procs:
-        pr.join()
-        if pr.exitcode:
-            raise SystemExit(f"a rank exited with code {pr.exitcode}")
-    print(f"\n{'mode':<28}{'samples/s':>11}{'loss start->end':>18}{'gate stall':>12}{'MB flushed/step':>17}{'cache hits':>12}")
-    for L, r in results.items():
-        name = "proactive flush (L=10)" if L else "write-through (L=0)"
-        print(f"{name:<28}{r['samples_per_s']:>11.0f}{r['loss_first']:>9.3f} ->{r['loss_last']:>6.3f}"
-              f"{100 * r['gate_stall']:>11.1f}%{r['mb_flushed_per_step']:>17.3f}{100 * r['hit_ratio']:>11.1f}%")
-    print(f"\nproactive / write-through throughput: {results[10]['samples_per_s'] / results[0]['samples_per_s']:.2f}x")
-    print(f"max |difference| of the final tables between the two modes: {diff:.2e} (both are exact)")
-    if diff > 1e-4:
-        raise SystemExit("the two modes disagree: exactness is broken")
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def torchrun_command(train_py: Path, args: Sequence[str], nproc: int) -> List[str]:
+    """The torchrun command line (as ``python -m torch.distributed.run``, same interpreter as ours)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        str(train_py), *args,
+    ]  # fmt: skip
+
+
+def run_train(
+    train_py: Path,
+    args: Sequence[str],
+    nproc: int = 2,
+    threads: Optional[int] = None,
+    log_path: Optional[Path] = None,
+    echo: Optional[Callable[[str], None]] = None,
+    timeout_s: float = 900.0,
+) -> Dict[str, Any]:
+    """Run ``torchrun --nproc_per_node=nproc train.py *args --summary TMP --no-progress`` and return the
+    summary JSON, plus ``wall_s`` (the whole run, start-up included), ``run_cpu_s`` (CPU of the run's
+    processes), ``foreign_cpu_share`` (CPU used by *other* processes on the machine during the run, as a
+    share of all cores) and ``command``.
+
+    ``threads``: torch threads per rank (train.py's ``--threads``; also OMP_NUM_THREADS).
+    ``echo``: called with each line of the run's stdout as it comes (rank 0's log lines).
+    ``log_path``: stdout + stderr of the run go here (a temporary file otherwise, removed on success).
+    Raises TrainRunError with the end of the output when the run fails or writes no summary.
+    """
+    train_py = Path(train_py)
+    user_args = list(args) + (["--threads", str(threads)] if threads is not None else [])
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with tempfile.TemporaryDirectory(prefix="frugal_run_") as tmp:
+        summary_path = Path(tmp) / "summary.json"
+        cmd = torchrun_command(train_py, user_args + ["--summary", str(summary_path), "--no-progress"], nproc)
+        log = Path(log_path) if log_path else Path(tmp) / "run.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        timed_out = threading.Event()
+        busy0, cpu0, t0 = _machine_busy_s(), _children_cpu_s(), time.perf_counter()
+        with open(log, "w") as logf:
+            logf.write("$ " + shlex.join(cmd) + "\n")
+            logf.flush()
+            proc = subprocess.Popen(
+                cmd, cwd=train_py.parents[2], env=env, stdout=subprocess.PIPE, stderr=logf, text=True, bufsize=1
+            )
+
+            def _expire() -> None:
+                timed_out.set()
+                proc.terminate()  # torchrun forwards SIGTERM to its ranks
+
+            timer = threading.Timer(timeout_s, _expire)
+            timer.daemon = True
+            timer.start()
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    logf.write(line)
+                    if echo is not None:
+                        echo(line.rstrip("\n"))
+                rc = proc.wait()
+            except BaseException:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                raise
+            finally:
+                timer.cancel()
+        wall = time.perf_counter() - t0
+        run_cpu = _children_cpu_s() - cpu0
+        busy = _machine_busy_s() - busy0
+        if rc != 0 or not summary_path.is_file():
+            tail = log.read_text(errors="replace")[-6000:]
+            why = f"timed out after {timeout_s:.0f} s" if timed_out.is_set() else f"exit code {rc}"
+            where = f" (full log: {log})" if log_path else ""
+            raise TrainRunError(f"{why}: {shlex.join(cmd)}{where}\n...{tail}")
+        summary = json.loads(summary_path.read_text())
+    summary["wall_s"] = wall
+    summary["run_cpu_s"] = run_cpu
+    summary["foreign_cpu_share"] = max(0.0, busy - run_cpu) / (wall * (os.cpu_count() or 1)) if busy else None
+    rel = os.path.relpath(train_py, train_py.parents[2])
+    summary["command"] = (f"OMP_NUM_THREADS={threads} " if threads is not None else "") + shlex.join(
+        ["torchrun", "--standalone", f"--nproc_per_node={nproc}", rel, *user_args, "--summary", "SUMMARY.json"]
+    )
+    return summary
+
+
+def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=200, help="training steps per rank of each run (~25-30 s each on 2 cores)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc_per_node)")
+    p.add_argument("--batch-size", type=int, default=1024, help="per rank")
+    p.add_argument("--config", default="criteo-kaggle")
+    p.add_argument("--train", default=None, help="path of examples/dlrm/train.py (default: found from the checkout)")
+    p.add_argument("--quiet", action="store_true", help="do not echo train.py's log lines")
+    args = p.parse_args(argv)
+    train_py = find_train_script(args.train)
+    threads = max(1, (os.cpu_count() or 1) // args.nproc)
+    common = ["--config", args.config, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+              "--log-every", str(max(1, args.steps // 4))]  # fmt: skip
+    runs = [
+        ("frugal", "Frugal (cache 0.05, L=10)", ["--sharder", "frugal"]),
+        ("torchrec", "TorchRec table_wise", ["--sharder", "torchrec", "--sharding", "table_wise"]),
+    ]
+    print(
+        f"Frugal demo: examples/dlrm/train.py on {args.nproc} ranks (CPU/gloo unless CUDA is present), "
+        f"{args.config} at its default scale, batch {args.batch_size}/rank, {args.steps} steps per run, "
+        f"{threads} thread(s) per rank; same data and model in both runs, only --sharder differs.",
+        flush=True,
+    )
+    results: Dict[str, Dict[str, Any]] = {}
+    for key, label, extra in runs:
+        print(f"\n== {label}: torchrun --nproc_per_node={args.nproc} {TRAIN_REL} {' '.join(extra + common)}", flush=True)
+        echo = None if args.quiet else (lambda line: print("   " + line, flush=True))
+        try:
+            results[key] = run_train(train_py, extra + common, nproc=args.nproc, threads=threads, echo=echo)
+        except TrainRunError as e:
+            raise SystemExit(f"the {label} run failed: {e}")
+        print(f"   ({results[key]['wall_s']:.0f} s wall, start-up included)", flush=True)
+
+    f, t = results["frugal"], results["torchrec"]
+    header = ["", "samples/s", "loss", "AUC", "gate stall", "cache hits", "wall s"]
+    widths = [26, 10, 7, 7, 10, 10, 7]
+    print("\n" + _fmt_row(header, widths))
+    print(_fmt_row(["-" * w for w in widths], widths))
+    for key, label, _ in runs:
+        r = results[key]
+        hits = f"{100 * r['frugal']['cache_hit_ratio']:.1f}%" if r.get("frugal") else "-"
+        gate = f"{100 * r['gate_stall_fraction']:.1f}%" if r.get("frugal") else "-"
+        print(_fmt_row([label, f"{r['samples_per_second']:,.0f}", f"{r['loss']:.4f}", f"{r['auc']:.4f}", gate, hits,
+                        f"{r['wall_s']:.0f}"], widths))  # fmt: skip
+    ratio = f["samples_per_second"] / t["samples_per_second"]
+    print(f"\nFrugal / TorchRec table_wise samples/s: {ratio:.2f}x;  AUC difference {f['auc'] - t['auc']:+.4f}, "
+          f"loss difference {f['loss'] - t['loss']:+.4f} (same data; the tables start from different random values)")
+    loads = [r["foreign_cpu_share"] for r in results.values() if r.get("foreign_cpu_share") is not None]
+    if loads:
+        print(f"Other processes used {100 * max(loads):.0f}% of this machine's CPU during the runs "
+              f"(one run each, so samples/s is only indicative; benchmarks/bench_dlrm.py alternates and repeats).")
 
 
 if __name__ == "__main__":

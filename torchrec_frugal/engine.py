@@ -177,6 +177,9 @@ class FrugalEngine:
         self.store.state[: len(cached_rows)] = self._host_s.index_select(0, idx).to(self.device)
 
         # Pending host writes of the rows this rank owns.
+        self._in_place = (
+            self.device.type == "cpu" if self.config.update_uncached_in_host is None else self.config.update_uncached_in_host
+        )
         self.queue = make_queue(self.config.queue, self.num_rows, self.lookahead)
         self.window = LookaheadWindow(self.num_rows) if self.lookahead > 0 else None
         self._version = np.zeros(self.num_rows, dtype=np.int64)
@@ -504,6 +507,8 @@ class FrugalEngine:
             self.queue.advance(s + 1)
             store = self.store
             slots = store.slot_of[u_np]
+            if self._in_place:
+                u_np, slots, summed = self._update_in_place(s, u_np, slots, summed)
             fresh = slots < 0
             if fresh.any():
                 new_rows = u_np[fresh]
@@ -537,6 +542,29 @@ class FrugalEngine:
             if m is not None and m != INF:
                 self._work.notify()
         self._record_metrics(s)
+
+    def _update_in_place(
+        self, s: int, rows: np.ndarray, slots: np.ndarray, grads: torch.Tensor
+    ) -> Tuple[np.ndarray, np.ndarray, torch.Tensor]:
+        """Update clean uncached rows straight in host memory; return the rows the store holds.
+
+        Used where the owner's device memory is host memory (a CPU device): staging such a row
+        in a dynamic slot and flushing it later would copy it twice for nothing. It is safe:
+        nobody reads these rows from host before this rank publishes UPDATED for step s, and
+        no flusher touches a row that has no pending write.
+        """
+        held = slots >= 0
+        if held.all():
+            return rows, slots, grads
+        here = torch.from_numpy(rows[~held])
+        w = self._host_w.index_select(0, here)
+        st = self._host_s.index_select(0, here)
+        apply_update(self.optimizer, w, st, grads.index_select(0, torch.from_numpy(np.flatnonzero(~held))), s)
+        self._host_w.index_copy_(0, here, w)
+        if self.state_width:
+            self._host_s.index_copy_(0, here, st)
+        keep = np.flatnonzero(held)
+        return rows[keep], slots[keep], grads.index_select(0, torch.from_numpy(keep))
 
     def _record_metrics(self, s: int) -> None:
         with self._lock:

@@ -1,0 +1,154 @@
+"""benchmarks/bench_dlrm.py, plot_dlrm.py and the demo's train.py runner, without training anything."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = _load("bench_dlrm")
+TRAIN = ROOT / "examples" / "dlrm" / "train.py"
+
+
+def test_schedule_round_robin_rotated():
+    order = bench.schedule(3, 3)
+    assert order == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (1, 0), (2, 2), (2, 0), (2, 1)]
+
+
+def test_default_steps():
+    assert bench.default_steps(1024) == 200 and bench.default_steps(128) == 800
+    assert bench.default_steps(1024, convergence=True) == 500
+
+
+def test_plan_defaults_and_ablations(tmp_path):
+    args = bench.parse_args([])
+    vs, skipped = bench.build_plan(args, TRAIN)
+    assert [v["id"] for v in vs] == ["frugal", "table_wise", "row_wise", "alone"]
+    alone = vs[-1]
+    assert alone["nproc"] == 1 and alone["kind"] == "alone"
+    for v in vs:  # same configuration and data for every variant
+        a = v["train_args"]
+        assert a[a.index("--steps") + 1] == "200" and a[a.index("--batch-size") + 1] == "1024"
+        assert a[a.index("--seed") + 1] == "0" and a[a.index("--config") + 1] == "criteo-kaggle"
+    args = bench.parse_args(["--ablation", "all", "--steps", "7"])
+    vs, skipped = bench.build_plan(args, TRAIN)
+    ids = [v["id"] for v in vs]
+    assert len(ids) == len(set(ids))
+    by = {v["id"]: v for v in vs}
+    assert set(by["frugal"]["ablations"]) >= {"lookahead", "cache", "batch"}  # L=10, cache 0.05 reused, not rerun
+    assert "write_through" in by["frugal_L0"]["ablations"] and "lookahead" in by["frugal_L0"]["ablations"]
+    assert {"frugal@b128", "table_wise@b128", "row_wise@b128", "alone@b128"} <= set(ids)
+    assert all(v["steps"] == 7 for v in vs)
+    if bench.train_has_flag(TRAIN, "--queue"):
+        assert "frugal_heap" in ids and not skipped
+    else:
+        assert "frugal_heap" not in ids and "heap" in skipped[0]
+
+
+def _fake_summary(sps, sharder="torchrec", frugal=False, steps=10):
+    s = {"samples_per_second": sps, "gate_stall_fraction": 0.01 if frugal else 0.0, "loss": 0.5, "auc": 0.7,
+         "auc_first_window": 0.6, "steps": steps, "wall_s": 20.0, "foreign_cpu_share": 0.1, "run_cpu_s": 30.0,
+         "command": "torchrun ...", "sharder": sharder, "scale": 0.1,
+         "frugal": {"cache_hit_ratio": 0.2, "rows_flushed": 1000} if frugal else None}  # fmt: skip
+    return s
+
+
+def _fake_result(tmp_path):
+    args = bench.parse_args(["--ablation", "lookahead", "write_through", "--repeats", "2"])
+    vs, skipped = bench.build_plan(args, TRAIN)
+    speeds = {"frugal": [30e3, 34e3], "table_wise": [20e3, 22e3], "row_wise": [18e3, 19e3], "alone": [20e3, 20e3]}
+    runs = []
+    for rep, vi in bench.schedule(len(vs), 2):
+        v = vs[vi]
+        sps = speeds.get(v["id"], [25e3, 26e3])[rep]
+        runs.append({"variant": v["id"], "repeat": rep, "summary": _fake_summary(sps, frugal=v["kind"] == "frugal")})
+    med = bench.summarize(vs, runs, 2)
+    return args, vs, runs, med, skipped
+
+
+def test_summarize_ratios(tmp_path):
+    args, vs, runs, med, _ = _fake_result(tmp_path)
+    f = med["frugal"]
+    assert f["samples_per_second"] == 32e3 and f["best_stock"] == "table_wise"
+    assert f["vs_best_stock"] == pytest.approx(32e3 / 21e3)
+    assert f["vs_best_stock_paired"] == pytest.approx((30 / 20 + 34 / 22) / 2)
+    assert f["perfect_scaling_samples_per_second"] == 40e3 and f["vs_perfect"] == pytest.approx(0.8)
+    assert med["frugal_L2"]["vs_frugal_paired"] == pytest.approx((25 / 30 + 26 / 34) / 2)
+    md = bench.markdown_tables(vs, med, 2)
+    assert "| frugal (cache 0.05, L=10) | 2 | 32,000 |" in md and "perfect scaling (2 x alone) | 2 | 40,000" in md
+    assert "ablation `lookahead`" in md and "ablation `write_through`" in md
+    assert any("0.80x" in g for g in bench.goal_lines(vs, med))
+
+
+def test_plot_from_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    args, vs, runs, med, skipped = _fake_result(tmp_path)
+    data = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": {"cpus": 2}, "machine_load": {"foreign_cpu_share": 0.3}, "train_commit": "abc",
+            "variants": vs, "runs": runs, "medians": med, "skipped": skipped}  # fmt: skip
+    js = tmp_path / "r.json"
+    js.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plot_dlrm.py"), str(js), str(tmp_path / "p")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "p_throughput.png").stat().st_size > 0 and (tmp_path / "p_ablations.png").stat().st_size > 0
+
+
+def test_find_train_script_messages(tmp_path, monkeypatch):
+    from torchrec_frugal import demo
+
+    assert demo.find_train_script() == TRAIN.resolve()  # from the checkout (cwd or beside the package)
+    with pytest.raises(SystemExit, match="examples/dlrm/train.py not found"):
+        demo.find_train_script(str(tmp_path / "nope.py"))
+
+
+FAKE_TRAIN = textwrap.dedent(
+    """
+    import argparse, json, os, sys
+    p = argparse.ArgumentParser()
+    p.add_argument("--summary"); p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--threads"); p.add_argument("--fail", action="store_true")
+    p.add_argument("--sleep", type=float, default=0.0)
+    a = p.parse_args()
+    import time; time.sleep(a.sleep)
+    print("[dlrm] hello from rank", os.environ["RANK"], flush=True)
+    if a.fail:
+        sys.exit(3)
+    if os.environ["RANK"] == "0":
+        json.dump({"samples_per_second": 1.0, "world": int(os.environ["WORLD_SIZE"]),
+                   "omp": os.environ.get("OMP_NUM_THREADS")}, open(a.summary, "w"))
+    """
+)
+
+
+def test_run_train_reads_summary_and_reports_failures(tmp_path):
+    from torchrec_frugal.demo import TrainRunError, run_train
+
+    train = tmp_path / "examples" / "dlrm" / "train.py"
+    train.parent.mkdir(parents=True)
+    train.write_text(FAKE_TRAIN)
+    lines = []
+    s = run_train(train, [], nproc=2, threads=1, echo=lines.append, timeout_s=120)
+    assert s["samples_per_second"] == 1.0 and s["world"] == 2 and s["omp"] == "1"
+    assert s["wall_s"] > 0 and s["command"].startswith("OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2")
+    assert any("hello from rank" in x for x in lines)
+    with pytest.raises(TrainRunError, match="exit code"):
+        run_train(train, ["--fail"], nproc=1, log_path=tmp_path / "fail.log", timeout_s=120)
+    assert "hello from rank 0" in (tmp_path / "fail.log").read_text()
+    with pytest.raises(TrainRunError, match="timed out after 5 s"):
+        run_train(train, ["--sleep", "120"], nproc=1, timeout_s=5)

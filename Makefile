@@ -30,6 +30,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_queue.py
 	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_dlrm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -193,6 +193,7 @@ class FrugalEngine:
         self._next_push = 0
         self._pushed: Deque[Tuple[int, torch.Tensor]] = deque()
         self._gate_wait = 0.0
+        self._exchange_wait = 0.0
         self._step_t0 = 0.0
         self._lookups = 0
         self._hits = 0
@@ -481,7 +482,7 @@ class FrugalEngine:
         torch.index_select(grads, 0, order, out=box["g_grads"][:k])
         box["g_counts"].copy_(torch.from_numpy(np.bincount(own, minlength=self.world_size)))
         self.control.set(STAGED, s)
-        self.control.wait(
+        self._exchange_wait = self.control.wait(
             lambda: [r for r, v in enumerate(self.control.get(STAGED)) if v < s],
             f"gradients of step {s}",
             idle=lambda: self._flush_once(max_priority=self._background_bound(), wait=False),
@@ -575,6 +576,7 @@ class FrugalEngine:
         self.last_metrics = StepMetrics(
             step=s,
             gate_wait_s=self._gate_wait,
+            exchange_wait_s=self._exchange_wait,
             step_time_s=time.perf_counter() - self._step_t0,
             queue_depth=depth,
             pending_rows=pending,

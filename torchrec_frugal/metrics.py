@@ -12,12 +12,15 @@ class StepMetrics:
 
     queue_depth: pending rows of this owner per priority bucket after the step's updates,
         for priorities base, base + 1, ..., base + L + 1, then the INF bucket.
+    exchange_wait_s: time apply_gradients waited for the other ranks' gradients (the step's
+        barrier; it includes waiting for slower ranks, not only for flushes).
     rows_flushed / bytes_flushed: host writes this rank's flushers (and its gate) applied
         since the previous step's metrics.
     """
 
     step: int
     gate_wait_s: float
+    exchange_wait_s: float
     step_time_s: float
     queue_depth: np.ndarray = field(repr=False)
     pending_rows: int

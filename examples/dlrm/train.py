@@ -165,7 +165,7 @@ def frugal_sharding(
     from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
     from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
 
-    config = FrugalConfig(lookahead=cfg.lookahead, cache_ratio=cfg.cache_ratio)
+    config = FrugalConfig(lookahead=cfg.lookahead, cache_ratio=cfg.cache_ratio, queue=args.queue, flush_workers=args.flush_workers)
     sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused_params(cfg), config=config, presample_counts=presample)
     world, local = dist.get_world_size(pg), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg)))
     planner = FrugalShardingPlanner(topology=topology(world, local, device), config=config)
@@ -207,6 +207,7 @@ class FrugalStats:
 
     def reset(self) -> None:
         self.gate_wait_s = 0.0
+        self.exchange_wait_s = 0.0
         self.lookups = 0
         self.cache_hits = 0
         self.rows_flushed = 0
@@ -222,6 +223,7 @@ class FrugalStats:
                 continue
             self._seen[i] = m.step
             self.gate_wait_s += m.gate_wait_s
+            self.exchange_wait_s += m.exchange_wait_s
             self.lookups += m.lookups
             self.cache_hits += m.cache_hits
             self.rows_flushed += m.rows_flushed
@@ -275,6 +277,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dense-optimizer", choices=("adagrad", "sgd"), default="adagrad")
     p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy"), default="synthetic")
     p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of *_{dense,sparse,labels}.npy")
+    p.add_argument("--queue", choices=("two_level", "heap"), default="two_level", help="frugal: pending-write queue (heap: ablation)")
+    p.add_argument("--flush-workers", type=int, default=1, help="frugal: background flusher threads per rank")
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--auc-window", type=int, default=100, help="steps whose predictions the final loss and AUC cover")
@@ -414,7 +418,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     t_start = t_last = time.perf_counter()
     t_timed: Optional[float] = None
     steps_done = 0
-    gate_before = 0.0
+    gate_before = exchange_before = 0.0
     dmp.train()
     while steps_done < args.steps:
         if steps_done == args.warmup:
@@ -422,6 +426,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             t_timed = time.perf_counter()
             stats.record()
             gate_before = stats.gate_wait_s
+            exchange_before = stats.exchange_wait_s
         try:
             loss, logits, labels = pipeline.progress(batches)
         except StopIteration:
@@ -470,6 +475,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     gate = torch.tensor([stats.gate_wait_s - (gate_before if t_timed is not None else 0.0)], dtype=torch.float64)
     el_all = _gather_cat(elapsed, device)
     gate_all = _gather_cat(gate, device)
+    exchange = torch.tensor([stats.exchange_wait_s - (exchange_before if t_timed is not None else 0.0)], dtype=torch.float64)
+    exchange_all = _gather_cat(exchange, device)
     elapsed_s = float(el_all.max())
     loss_all = _gather_cat(torch.stack(losses).mean().reshape(1), device)
     k = len(logit_buf)
@@ -516,6 +523,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             "rows_flushed": int(agg[2]),
             "bytes_flushed": int(agg[3]),
             "gate_wait_s_per_rank": [float(g) for g in gate_all],
+            "exchange_wait_fraction": float((exchange_all / el_all).mean()),
+            "queue": args.queue,
+            "flush_workers": args.flush_workers,
             **plan_info,
         }
     summary["run_config"] = {k: v for k, v in asdict(cfg).items() if k != "dataset"}

@@ -435,7 +435,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         status = 0 if passed else 1
         steps = variants[0]["steps"]
         table = (
-            f"| sharder | steps/rank | loss | AUC (last window) | AUC (first window) | samples/s |\n|---|---:|---:|---:|---:|---:|\n"
+            "| sharder | steps/rank | loss | AUC (last window) | AUC (first window) | samples/s |\n|---|---:|---:|---:|---:|---:|\n"
             + "\n".join(
                 f"| {o['label']} | {steps} | {o['loss']:.4f} | {o['auc']:.4f} | "
                 f"{_med([r['summary']['auc_first_window'] for r in runs if r.get('summary') and r['variant'] == i]):.4f} "

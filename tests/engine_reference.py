@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 from dist_harness import free_port, run_ranks

@@ -34,14 +34,7 @@ def _matrix_2() -> list:
 def _matrix_4() -> list:
     return [
         Scenario(lookahead=l, cache_ratio=c, optimizer=o, steps=STEPS)
-        for l, c, o in [
-            (0, 0.05, "sgd"),
-            (1, 0.05, "rowwise_adagrad"),
-            (10, 0.05, "rowwise_adagrad"),
-            (10, 0.0, "sgd"),
-            (10, 1.0, "rowwise_adagrad"),
-            (1, 1.0, "sgd"),
-        ]
+        for l, c, o in itertools.product((0, 1, 10), (0.0, 0.05, 1.0), ("sgd", "rowwise_adagrad"))
     ] + [
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0, in_host=False),
         Scenario(lookahead=1, cache_ratio=0.0, optimizer="sgd", steps=STEPS, in_host=False),

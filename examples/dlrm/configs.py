@@ -3,7 +3,7 @@
 Three datasets with their real per-field cardinalities, two models, and the knobs the paper swept
 (per-rank batch 128 / 1024, cache ratio 1 / 5 / 10 %, lookahead L = 10).
 
-Sources of the cardinalities (copied into ``/work/shared/research/anchors.md`` sections 3.1-3.3):
+Sources of the cardinalities:
 
 * ``criteo-kaggle``: 26 tables, 33,762,577 rows; ``uw-mad-dash/bagpipe/kaggle_criteo_info`` (also in
   DESIGN.md). Exactly the list Frugal's prior art (Bagpipe) used.

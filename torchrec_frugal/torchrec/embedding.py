@@ -5,11 +5,10 @@ per id, read through the engines; the other tables go to TorchRec's own sharding
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Type
+from typing import Any, Dict, List, Optional, Type
 
 import torch
 from torchrec.distributed.embedding import (
-    EmbeddingCollectionContext,
     EmbeddingCollectionSharder,
     ShardedEmbeddingCollection,
 )
@@ -17,7 +16,6 @@ from torchrec.distributed.embedding_sharding import EmbeddingSharding, Embedding
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.sharding.sequence_sharding import SequenceShardingContext
 from torchrec.distributed.types import (
-    Awaitable,
     ParameterSharding,
     QuantizedCommCodecs,
     ShardingEnv,
@@ -27,7 +25,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
-from .embeddingbag import FrugalShardedModuleMixin, check_features, customized_kernel_for_frugal
+from .embeddingbag import FrugalShardedModuleMixin, customized_kernel_for_frugal
 from .sharding import FRUGAL, FrugalSequenceEmbeddingSharding
 
 # TorchRec's EmbeddingCollectionSharder offers these on every device.
@@ -58,12 +56,7 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
         presample_counts: Optional[Dict[str, torch.Tensor]] = None,
     ) -> None:
         # Read by create_embedding_sharding, which the parent's __init__ calls.
-        self._frugal_config = config or FrugalConfig()
-        self._frugal_presample_counts = presample_counts
-        self._frugal_init_fns: Dict[str, Callable[[torch.Tensor], Any]] = {
-            c.name: c.init_fn for c in module.embedding_configs() if c.init_fn is not None
-        }
-        self._frugal_features = [f for c in module.embedding_configs() for f in c.feature_names]
+        self._frugal_setup(module.embedding_configs(), config, presample_counts)
         super().__init__(
             module,
             customized_kernel_for_frugal(table_name_to_parameter_sharding),
@@ -99,17 +92,6 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
             device=device,
             qcomm_codecs_registry=qcomm_codecs_registry,
         )
-
-    def _initialize_torch_state(self, skip_registering: bool = False) -> None:
-        super()._initialize_torch_state(skip_registering)
-        if not skip_registering:
-            self._register_frugal_state_hooks()
-
-    def input_dist(  # type: ignore[override]
-        self, ctx: EmbeddingCollectionContext, features: KeyedJaggedTensor
-    ) -> Awaitable[Awaitable[Any]]:
-        check_features(features, self._frugal_features, type(self).__name__)
-        return super().input_dist(ctx, features)
 
 
 class FrugalEmbeddingCollectionSharder(EmbeddingCollectionSharder):

@@ -17,7 +17,6 @@ from torch import nn
 from torchrec.distributed.embedding_sharding import EmbeddingSharding, EmbeddingShardingContext, EmbeddingShardingInfo
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import (
-    EmbeddingBagCollectionContext,
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
@@ -83,6 +82,30 @@ class FrugalShardedModuleMixin:
     _frugal_weight_prefix: str  # "embedding_bags." or "embeddings."
     _frugal_features: List[str]  # every feature the module's tables serve
     _lookups: List[nn.Module]
+
+    def _frugal_setup(
+        self,
+        configs: Iterable[Any],
+        config: Optional[FrugalConfig],
+        presample_counts: Optional[Dict[str, torch.Tensor]],
+    ) -> None:
+        """Fields ``create_embedding(_bag)_sharding`` reads; set before the parent's __init__ calls it."""
+        configs = list(configs)
+        self._frugal_config = config or FrugalConfig()
+        self._frugal_presample_counts = presample_counts
+        self._frugal_init_fns: Dict[str, Callable[[torch.Tensor], Any]] = {
+            c.name: c.init_fn for c in configs if c.init_fn is not None
+        }
+        self._frugal_features = [f for c in configs for f in c.feature_names]
+
+    def _initialize_torch_state(self, skip_registering: bool = False) -> None:
+        super()._initialize_torch_state(skip_registering)  # type: ignore[misc]
+        if not skip_registering:
+            self._register_frugal_state_hooks()
+
+    def input_dist(self, ctx: Any, features: KeyedJaggedTensor) -> Awaitable[Awaitable[Any]]:
+        check_features(features, self._frugal_features, type(self).__name__)
+        return super().input_dist(ctx, features)  # type: ignore[misc]
 
     def frugal_lookups(self) -> List[FrugalEmbeddingLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, FrugalEmbeddingLookup)]
@@ -177,12 +200,7 @@ class FrugalShardedEmbeddingBagCollection(FrugalShardedModuleMixin, ShardedEmbed
         presample_counts: Optional[Dict[str, torch.Tensor]] = None,
     ) -> None:
         # Read by create_embedding_bag_sharding, which the parent's __init__ calls.
-        self._frugal_config = config or FrugalConfig()
-        self._frugal_presample_counts = presample_counts
-        self._frugal_init_fns: Dict[str, Callable[[torch.Tensor], Any]] = {
-            c.name: c.init_fn for c in module.embedding_bag_configs() if c.init_fn is not None
-        }
-        self._frugal_features = [f for c in module.embedding_bag_configs() for f in c.feature_names]
+        self._frugal_setup(module.embedding_bag_configs(), config, presample_counts)
         super().__init__(
             module=module,
             table_name_to_parameter_sharding=customized_kernel_for_frugal(table_name_to_parameter_sharding),
@@ -218,17 +236,6 @@ class FrugalShardedEmbeddingBagCollection(FrugalShardedModuleMixin, ShardedEmbed
             permute_embeddings=permute_embeddings,
             qcomm_codecs_registry=qcomm_codecs_registry,
         )
-
-    def _initialize_torch_state(self, skip_registering: bool = False) -> None:
-        super()._initialize_torch_state(skip_registering)
-        if not skip_registering:
-            self._register_frugal_state_hooks()
-
-    def input_dist(  # type: ignore[override]
-        self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor
-    ) -> Awaitable[Awaitable[Any]]:
-        check_features(features, self._frugal_features, type(self).__name__)
-        return super().input_dist(ctx, features)
 
 
 class FrugalEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):

@@ -1,0 +1,239 @@
+"""Knowledge-graph embedding models over a TorchRec entity table: TransE, DistMult, ComplEx.
+
+The entity table is an ``EmbeddingCollection`` (one table, one feature ``"entity"``) so that any
+TorchRec sharder (stock or Frugal) can shard it; relations are a plain ``nn.Embedding``, which
+``DistributedModelParallel`` replicates and all-reduces like any dense parameter.
+
+Every score is written as "query against candidate": a query ``q`` combines the anchor entity
+with the relation, and candidates are the entities on the corrupted side. Tail corruption uses
+the head as anchor, head corruption the tail; the batch carries a sign ``s`` (+1 or -1) that turns
+one form into the other without control flow (TorchRec's pipeline traces the forward):
+
+- TransE: ``gamma - ||a + s r - c||_p``  (``h + r - t`` read from either side)
+- DistMult: ``<a * r, c>``                (symmetric in head and tail)
+- ComplEx: ``Re(<a * r', conj(c)>)`` with ``r' = r`` for tails and ``conj(r)`` for heads
+
+Negatives are shared within a chunk of positives (as DGL-KE samples them), so a chunk's
+negative scores are one batched matrix product (or ``cdist``) of its queries against its
+negatives.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchrec import EmbeddingCollection, EmbeddingConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
+
+MODELS = ("transe_l1", "transe_l2", "distmult", "complex")
+LOSSES = ("logsigmoid", "margin")
+ENTITY_TABLE = "entity"
+ENTITY_FEATURE = "entity"
+
+# Rows are drawn in blocks of this many, each from its own seeded generator, so a row's initial
+# value depends only on (seed, row) and not on how the table is sharded.
+INIT_BLOCK_ROWS = 4096
+
+
+def seeded_uniform_(weights: torch.Tensor, bound: float, seed: int, first_row: int = 0) -> torch.Tensor:
+    """Fill rows ``first_row ...`` of a table with U(-bound, bound), independent of sharding.
+
+    ``weights`` may be the whole table or any block of whole rows (a shard); the values of a row
+    are the same in either case, so every sharding, and a single process, start identically.
+    """
+    n = weights.shape[0]
+    if n == 0:
+        return weights
+    first_block, last_block = first_row // INIT_BLOCK_ROWS, (first_row + n - 1) // INIT_BLOCK_ROWS
+    out = torch.empty(n, weights.shape[1], dtype=torch.float32)
+    for block in range(first_block, last_block + 1):  # blocks, not rows
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + block)
+        values = torch.empty(INIT_BLOCK_ROWS, weights.shape[1], dtype=torch.float32).uniform_(-bound, bound, generator=gen)
+        lo = max(first_row, block * INIT_BLOCK_ROWS)
+        hi = min(first_row + n, (block + 1) * INIT_BLOCK_ROWS)
+        out[lo - first_row : hi - first_row] = values[lo - block * INIT_BLOCK_ROWS : hi - block * INIT_BLOCK_ROWS]
+    with torch.no_grad():
+        weights.copy_(out.to(weights.device, weights.dtype))
+    return weights
+
+
+@dataclass(frozen=True)
+class KGEConfig:
+    """Model and loss, as DGL-KE names them (``gamma``, ``-adv`` temperature, L3 regularization)."""
+
+    model: str = "complex"
+    dim: int = 200
+    gamma: float = 12.0
+    loss: str = "logsigmoid"
+    margin: float = 1.0
+    adversarial_temperature: float = 0.0
+    regularization: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.dim < 1 or (self.model == "complex" and self.dim % 2):
+            raise ValueError(f"dim must be positive (and even for complex), got {self.dim}")
+        if self.adversarial_temperature < 0 or self.regularization < 0:
+            raise ValueError("adversarial_temperature and regularization must be >= 0")
+
+    @property
+    def init_bound(self) -> float:
+        """DGL-KE's embedding init range, (gamma + 2) / dim."""
+        return (self.gamma + 2.0) / self.dim
+
+
+# ------------------------------------------------------------------------------------ scoring
+def query(cfg: KGEConfig, anchor: torch.Tensor, relation: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    """The query vector of (anchor, relation) for the side ``sign`` corrupts (+1 tails, -1 heads)."""
+    if cfg.model.startswith("transe"):
+        return anchor + sign * relation
+    if cfg.model == "distmult":
+        return anchor * relation
+    half = cfg.dim // 2
+    a_re, a_im = anchor[..., :half], anchor[..., half:]
+    r_re, r_im = relation[..., :half], sign * relation[..., half:]
+    return torch.cat([a_re * r_re - a_im * r_im, a_re * r_im + a_im * r_re], dim=-1)
+
+
+def _p(cfg: KGEConfig) -> float:
+    return 1.0 if cfg.model == "transe_l1" else 2.0
+
+
+def score_pairs(cfg: KGEConfig, q: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """Scores of row-aligned (query, candidate) pairs: ``[..., d] x [..., d] -> [...]``."""
+    if cfg.model.startswith("transe"):
+        return cfg.gamma - torch.linalg.vector_norm(q - candidate, ord=_p(cfg), dim=-1)
+    return (q * candidate).sum(-1)
+
+
+def score_candidates(cfg: KGEConfig, q: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Scores of every query against every candidate of its group: ``[g, k, d] x [g, m, d] -> [g, k, m]``."""
+    if cfg.model.startswith("transe"):
+        return cfg.gamma - torch.cdist(q, candidates, p=_p(cfg))
+    return torch.bmm(q, candidates.transpose(1, 2))
+
+
+def score_all(cfg: KGEConfig, q: torch.Tensor, entities: torch.Tensor) -> torch.Tensor:
+    """Scores of queries ``[b, d]`` against every entity ``[E, d]``: ``[b, E]`` (evaluation)."""
+    return score_candidates(cfg, q.unsqueeze(0), entities.unsqueeze(0)).squeeze(0)
+
+
+def kge_loss(cfg: KGEConfig, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+    """Mean loss of positives ``[b]`` and their negatives ``[b, m]``."""
+    if cfg.loss == "margin":
+        return F.relu(cfg.margin - positive.unsqueeze(-1) + negative).mean()
+    if cfg.adversarial_temperature > 0:  # self-adversarial weighting (Sun et al. 2019), no gradient
+        weights = torch.softmax(negative.detach() * cfg.adversarial_temperature, dim=-1)
+        neg_term = -(weights * F.logsigmoid(-negative)).sum(-1).mean()
+    else:
+        neg_term = -F.logsigmoid(-negative).mean()
+    return (-F.logsigmoid(positive).mean() + neg_term) / 2
+
+
+# ------------------------------------------------------------------------------------ batch
+@dataclass
+class KGBatch(Pipelineable):
+    """One rank's share of a step: ``b`` positives in chunks of ``k``, each chunk with ``m`` negatives.
+
+    ``entities`` holds, in this order, the ``b`` anchors, the ``b`` true entities of the corrupted
+    side, and the chunks' negatives (``b // k * m`` ids), one id per bag. ``sign`` is +1 when the
+    tails are corrupted (anchor = head) and -1 when the heads are.
+    """
+
+    entities: KeyedJaggedTensor
+    relations: torch.Tensor
+    sign: torch.Tensor
+    chunk_size: int
+    negatives: int
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "KGBatch":
+        return KGBatch(
+            entities=self.entities.to(device=device, non_blocking=non_blocking),
+            relations=self.relations.to(device=device, non_blocking=non_blocking),
+            sign=self.sign.to(device=device, non_blocking=non_blocking),
+            chunk_size=self.chunk_size,
+            negatives=self.negatives,
+        )
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        self.entities.record_stream(stream)
+        self.relations.record_stream(stream)  # type: ignore[arg-type]
+        self.sign.record_stream(stream)  # type: ignore[arg-type]
+
+    def pin_memory(self) -> "KGBatch":
+        return KGBatch(
+            self.entities.pin_memory(), self.relations.pin_memory(), self.sign.pin_memory(), self.chunk_size, self.negatives
+        )
+
+
+def make_batch(
+    anchors: torch.Tensor, relations: torch.Tensor, trues: torch.Tensor, negatives: torch.Tensor, corrupt_heads: bool
+) -> KGBatch:
+    """A :class:`KGBatch` from ids: ``negatives`` is ``[chunks, m]`` and ``anchors`` splits evenly into chunks."""
+    chunks, m = negatives.shape
+    b = anchors.numel()
+    if chunks == 0 or b % chunks:
+        raise ValueError(f"{b} positives do not split into {chunks} chunks")
+    ids = torch.cat([anchors, trues, negatives.reshape(-1)]).to(torch.int64)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=[ENTITY_FEATURE], values=ids, lengths=torch.ones(ids.numel(), dtype=torch.int32)
+    )
+    sign = torch.tensor([-1.0 if corrupt_heads else 1.0])
+    return KGBatch(entities=kjt, relations=relations.to(torch.int64), sign=sign, chunk_size=b // chunks, negatives=m)
+
+
+# ------------------------------------------------------------------------------------ model
+def entity_collection(num_entities: int, cfg: KGEConfig, seed: int, device: Optional[torch.device] = None) -> EmbeddingCollection:
+    """The entity table as a TorchRec EmbeddingCollection, with the sharding-independent init."""
+    init_fn: Callable[[torch.Tensor], torch.Tensor] = lambda w: seeded_uniform_(w, cfg.init_bound, seed)  # noqa: E731
+    table = EmbeddingConfig(
+        name=ENTITY_TABLE,
+        embedding_dim=cfg.dim,
+        num_embeddings=num_entities,
+        feature_names=[ENTITY_FEATURE],
+        weight_init_min=-cfg.init_bound,
+        weight_init_max=cfg.init_bound,
+        init_fn=init_fn,
+    )
+    return EmbeddingCollection(tables=[table], device=device or torch.device("meta"))
+
+
+class KGEModel(nn.Module):
+    """Entity table (TorchRec, shardable) + relation table (dense, replicated) + KGE loss.
+
+    ``forward(batch)`` returns ``(loss, (loss, positive scores))`` as TorchRec's train pipelines
+    expect of a model (they back-propagate the first element and hand back the second).
+    """
+
+    def __init__(self, entities: EmbeddingCollection, num_relations: int, cfg: KGEConfig, seed: int, device: torch.device) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.entities = entities
+        self.relations = nn.Embedding(num_relations, cfg.dim, device=device)
+        seeded_uniform_(self.relations.weight, cfg.init_bound, seed + 1)
+
+    def forward(self, batch: KGBatch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        cfg = self.cfg
+        emb = self.entities(batch.entities)[ENTITY_FEATURE].values()
+        b = batch.relations.shape[0]
+        anchor, true, negs = emb[:b], emb[b : 2 * b], emb[2 * b :]
+        rel = self.relations(batch.relations)
+        q = query(cfg, anchor, rel, batch.sign)
+        positive = score_pairs(cfg, q, true)
+        chunks = negs.shape[0] // batch.negatives
+        negative = score_candidates(
+            cfg, q.reshape(chunks, batch.chunk_size, cfg.dim), negs.reshape(chunks, batch.negatives, cfg.dim)
+        ).reshape(b, batch.negatives)
+        loss = kge_loss(cfg, positive, negative)
+        if cfg.regularization > 0:  # L3 on the rows this step touches (DGL-KE's default norm)
+            loss = loss + cfg.regularization * (
+                emb.abs().pow(3).sum(-1).mean() + rel.abs().pow(3).sum(-1).mean()
+            )
+        return loss, (loss.detach(), positive.detach())

@@ -1,0 +1,97 @@
+"""Training batches of a knowledge graph, defined globally and split across ranks.
+
+Step ``s`` draws a global batch of ``B`` training triples (epochs of seeded permutations) and,
+for each chunk of ``k`` of them, ``m`` negative entities shared by the chunk (uniform, as DGL-KE's
+chunked sampler draws them). Steps alternate between corrupting tails and heads. Rank ``r`` of
+``W`` takes chunks ``r * B / (k W) ...``: the data a step trains on does not depend on the number
+of ranks, so one process and ``W`` ranks see the same triples and negatives (and, with TorchRec's
+gradient division, take the same steps).
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterator
+
+import torch
+
+from examples.graph.models import ENTITY_TABLE, KGBatch, make_batch
+
+
+class ChunkedNegativeSampler:
+    """Deterministic global batches of (positives, shared negatives), and each rank's share."""
+
+    def __init__(
+        self,
+        train: torch.Tensor,
+        num_entities: int,
+        batch_size: int,
+        chunk_size: int,
+        negatives: int,
+        world_size: int,
+        seed: int = 0,
+    ) -> None:
+        if train.ndim != 2 or train.shape[1] != 3 or train.shape[0] == 0:
+            raise ValueError(f"train triples must be a non-empty [N, 3] tensor, got shape {tuple(train.shape)}")
+        if chunk_size < 1 or negatives < 1 or batch_size < 1:
+            raise ValueError("batch_size, chunk_size and negatives must be >= 1")
+        if batch_size % (chunk_size * world_size):
+            raise ValueError(
+                f"the global batch ({batch_size}) must split into chunks of {chunk_size} evenly over "
+                f"{world_size} ranks: make it a multiple of {chunk_size * world_size}"
+            )
+        self.train = train.to(torch.int64)
+        self.num_entities = num_entities
+        self.batch_size = batch_size
+        self.chunk_size = chunk_size
+        self.negatives = negatives
+        self.world_size = world_size
+        self.seed = seed
+        self._perms: Dict[int, torch.Tensor] = {}
+
+    @property
+    def chunks_per_rank(self) -> int:
+        return self.batch_size // (self.chunk_size * self.world_size)
+
+    def _epoch(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._perms[epoch] = torch.randperm(self.train.shape[0], generator=gen)
+        return self._perms[epoch]
+
+    def global_positions(self, step: int) -> torch.Tensor:
+        """Indices into ``train`` of step ``step``'s global batch (epochs of permutations)."""
+        n = self.train.shape[0]
+        pos = torch.arange(step * self.batch_size, (step + 1) * self.batch_size)
+        epochs = pos // n
+        out = torch.empty_like(pos)
+        for e in torch.unique(epochs).tolist():  # one or two epochs per batch (more if B > N)
+            sel = epochs == e
+            out[sel] = self._epoch(int(e))[pos[sel] % n]
+        return out
+
+    def rank_batch(self, step: int, rank: int) -> KGBatch:
+        """Rank ``rank``'s share of step ``step``."""
+        triples = self.train[self.global_positions(step)]
+        gen = torch.Generator().manual_seed(self.seed * 104_729 + step)
+        total_chunks = self.batch_size // self.chunk_size
+        negatives = torch.randint(0, self.num_entities, (total_chunks, self.negatives), generator=gen)
+        c = self.chunks_per_rank
+        lo, hi = rank * c * self.chunk_size, (rank + 1) * c * self.chunk_size
+        mine = triples[lo:hi]
+        corrupt_heads = step % 2 == 1
+        anchors, trues = (mine[:, 2], mine[:, 0]) if corrupt_heads else (mine[:, 0], mine[:, 2])
+        return make_batch(anchors, mine[:, 1], trues, negatives[rank * c : (rank + 1) * c], corrupt_heads)
+
+    def batches(self, rank: int, steps: int, start: int = 0) -> Iterator[KGBatch]:
+        for step in range(start, start + steps):
+            yield self.rank_batch(step, rank)
+
+    def presample_counts(self, rank: int, steps: int) -> Dict[str, torch.Tensor]:
+        """How often each entity is read in this rank's first ``steps`` batches (Frugal's hot rows)."""
+        counts = torch.zeros(self.num_entities, dtype=torch.float64)
+        for batch in self.batches(rank, steps):
+            ids = batch.entities.values()
+            counts += torch.bincount(ids, minlength=self.num_entities).to(torch.float64)
+        return {ENTITY_TABLE: counts}
+

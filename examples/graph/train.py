@@ -1,0 +1,418 @@
+"""Train knowledge-graph embeddings (TransE, DistMult, ComplEx) with stock TorchRec sharding or Frugal.
+
+    torchrun --nproc_per_node=2 examples/graph/train.py --dataset umls --model complex --sharder frugal
+    torchrun --nproc_per_node=2 examples/graph/train.py --dataset umls --model complex --sharder torchrec --sharding table_wise
+    python examples/graph/train.py --dataset umls --model complex          # one process
+
+The entity table is a TorchRec ``EmbeddingCollection`` sharded by the chosen sharder; relations
+are replicated (a dense ``nn.Embedding`` that ``DistributedModelParallel`` all-reduces).
+``--sharder`` is the only switch: it picks the sharder, its planner and its train pipeline.
+Entities train with the fused exact row-wise Adagrad (DGL-KE's sparse Adagrad), relations with
+dense Adagrad.
+
+``--batch-size`` is the *global* batch of positive triples per step, split evenly over the ranks,
+and the negatives are drawn per chunk of positives from a seeded stream that does not depend on
+the number of ranks (see ``sampler.py``); every table starts from a sharding-independent seeded
+init. So one process and N ranks train on the same data from the same start, and with TorchRec's
+gradient division take the same steps: their MRR agrees (tests check the parameters).
+
+``samples_per_second`` counts positive triples per second after ``--warmup`` steps, all ranks
+together. Evaluation: filtered MRR and Hits@1/3/10 on the test split (``--eval-split``), each test
+triple ranked against every entity for both its head and its tail (``evaluate.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):  # launched as a script: make `examples.graph` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import ShardingEnv, ShardingType
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from examples.dlrm.train import FrugalStats, _gather_cat, init_distributed, topology
+from examples.graph.data import DATASETS, KGData, load_dataset
+from examples.graph.evaluate import FilteredRanker, filtered_ranks, ranking_metrics
+from examples.graph.models import (
+    ENTITY_TABLE,
+    LOSSES,
+    MODELS,
+    KGEConfig,
+    KGEModel,
+    entity_collection,
+    query,
+    score_all,
+    seeded_uniform_,
+)
+from examples.graph.sampler import ChunkedNegativeSampler
+
+SHARDERS = ("torchrec", "frugal")
+STOCK_SHARDINGS = (
+    ShardingType.TABLE_WISE.value,
+    ShardingType.ROW_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.DATA_PARALLEL.value,
+)
+
+
+# ---------------------------------------------------------------------------- sharding
+def fused_params(args: argparse.Namespace) -> Dict[str, Any]:
+    return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": args.lr, "eps": 1e-8}
+
+
+def shard(
+    args: argparse.Namespace, model: KGEModel, sampler: ChunkedNegativeSampler, rank: int, device: torch.device
+) -> Tuple[DistributedModelParallel, Dict[str, Any]]:
+    """The model under ``--sharder`` (and ``--sharding``), plus facts about the plan."""
+    pg = dist.GroupMember.WORLD
+    world, local = dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    info: Dict[str, Any] = {}
+    if args.sharder == "frugal":
+        from torchrec_frugal import FrugalConfig
+        from torchrec_frugal.torchrec import FrugalEmbeddingCollectionSharder
+        from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+
+        config = FrugalConfig(
+            lookahead=args.lookahead, cache_ratio=args.cache_ratio, queue=args.queue, flush_workers=args.flush_workers
+        )
+        presample = sampler.presample_counts(rank, args.presample_steps)
+        sharder: nn.Module = FrugalEmbeddingCollectionSharder(
+            fused_params=fused_params(args), config=config, presample_counts=presample
+        )
+        planner: Any = FrugalShardingPlanner(topology=topology(world, local, device), config=config)
+    else:
+        sharder = EmbeddingCollectionSharder(fused_params=fused_params(args))
+        kernel = (
+            EmbeddingComputeKernel.DENSE.value
+            if args.sharding == ShardingType.DATA_PARALLEL.value
+            else EmbeddingComputeKernel.FUSED.value
+        )
+        constraints = {ENTITY_TABLE: ParameterConstraints(sharding_types=[args.sharding], compute_kernels=[kernel])}
+        planner = EmbeddingShardingPlanner(topology=topology(world, local, device), constraints=constraints)
+    plan = planner.collective_plan(model, [sharder], pg)
+    dmp = DistributedModelParallel(
+        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg)  # type: ignore[list-item]
+    )
+    info["sharding"] = next(ps.sharding_type for mp in plan.plan.values() for ps in mp.values())  # type: ignore[attr-defined]
+    return dmp, info
+
+
+def _entity_key(dmp: nn.Module) -> str:
+    keys = [k for k in dmp.state_dict().keys() if k.endswith(f"embeddings.{ENTITY_TABLE}.weight")]
+    if len(keys) != 1:
+        raise RuntimeError(f"expected one entity table in the state_dict, found {keys}")
+    return keys[0]
+
+
+def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int) -> None:
+    """Give stock-sharded entity shards the sharding-independent init (Frugal's engine already
+    called the table's ``init_fn`` on the whole table; stock fused kernels draw their own)."""
+    value = dmp.state_dict()[_entity_key(dmp)]
+    if isinstance(value, ShardedTensor):
+        for s in value.local_shards():
+            r0, c0 = (int(x) for x in s.metadata.shard_offsets)
+            rows, cols = (int(x) for x in s.metadata.shard_sizes)
+            full = seeded_uniform_(torch.empty(rows, cfg.dim), cfg.init_bound, seed, first_row=r0)
+            with torch.no_grad():
+                s.tensor.copy_(full[:, c0 : c0 + cols])
+    else:  # data_parallel: a replicated tensor
+        seeded_uniform_(value, cfg.init_bound, seed)
+
+
+def full_entity_table(dmp: nn.Module) -> torch.Tensor:
+    """The whole entity table on every rank, from any sharding's state_dict (collective)."""
+    value = dmp.state_dict()[_entity_key(dmp)]
+    if not isinstance(value, ShardedTensor):
+        return value.detach().float().cpu().clone()
+    full = torch.zeros(tuple(value.size()), dtype=torch.float32)
+    for s in value.local_shards():
+        r0, c0 = (int(x) for x in s.metadata.shard_offsets)
+        rows, cols = (int(x) for x in s.metadata.shard_sizes)
+        full[r0 : r0 + rows, c0 : c0 + cols] = s.tensor.detach().float().cpu()
+    dist.all_reduce(full)  # each element is held by exactly one shard
+    return full
+
+
+# ---------------------------------------------------------------------------- evaluation
+def evaluate(
+    cfg: KGEConfig,
+    entities: torch.Tensor,
+    relations: torch.Tensor,
+    triples: torch.Tensor,
+    ranker: FilteredRanker,
+    rank: int,
+    world: int,
+    batch_size: int,
+) -> Dict[str, float]:
+    """Filtered ranking metrics of ``triples``; the ranks split the triples and pool the ranks."""
+    mine = triples[rank::world]
+
+    def score_tails(h: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return score_all(cfg, query(cfg, entities[h], relations[r], torch.ones(())), entities)
+
+    def score_heads(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return score_all(cfg, query(cfg, entities[t], relations[r], -torch.ones(())), entities)
+
+    with torch.no_grad():
+        ranks = filtered_ranks(score_tails, score_heads, mine, ranker, batch_size=batch_size)
+    gathered: List[Any] = [None] * world
+    dist.all_gather_object(gathered, ranks.cpu())
+    return ranking_metrics(torch.cat([g for g in gathered if g is not None]))
+
+
+# ---------------------------------------------------------------------------- training
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", choices=DATASETS, default="umls")
+    p.add_argument("--data-path", default=None, help="tsv: a directory with train/valid/test triple files")
+    p.add_argument("--cache-dir", default=None, help="where fetched wheels are kept (default: $TORCHREC_FRUGAL_DATA or ~/.cache)")
+    p.add_argument("--synthetic-entities", type=int, default=1_000_000)
+    p.add_argument("--synthetic-relations", type=int, default=1_000)
+    p.add_argument("--synthetic-triples", type=int, default=4_000_000)
+    p.add_argument("--synthetic-skew", type=float, default=1.1, help="Zipf exponent of entity degrees")
+    p.add_argument("--model", choices=MODELS, default="complex")
+    p.add_argument("--dim", type=int, default=200)
+    p.add_argument("--gamma", type=float, default=12.0, help="TransE margin in the score; sets the init range")
+    p.add_argument("--loss", choices=LOSSES, default="logsigmoid")
+    p.add_argument("--margin", type=float, default=1.0, help="margin loss only")
+    p.add_argument("--adversarial-temperature", type=float, default=0.0, help="self-adversarial negatives (0: off)")
+    p.add_argument("--regularization", type=float, default=0.0, help="L3 coefficient on the rows of each step")
+    p.add_argument("--batch-size", type=int, default=512, help="positive triples per step, all ranks together")
+    p.add_argument("--chunk-size", type=int, default=64, help="positives that share one set of negatives")
+    p.add_argument("--negatives", type=int, default=64, help="negatives per chunk")
+    p.add_argument("--lr", type=float, default=0.1, help="entity table (fused row-wise Adagrad)")
+    p.add_argument("--relation-lr", type=float, default=0.1, help="relations (Adagrad)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: min(20, steps // 5))")
+    p.add_argument("--sharder", choices=SHARDERS, default="frugal")
+    p.add_argument("--sharding", choices=STOCK_SHARDINGS, default="table_wise", help="torchrec: sharding of the entity table")
+    p.add_argument("--cache-ratio", type=float, default=0.05, help="frugal: entity rows cached per rank")
+    p.add_argument("--lookahead", type=int, default=10, help="frugal: lookahead window L")
+    p.add_argument("--queue", choices=("two_level", "heap"), default="two_level")
+    p.add_argument("--flush-workers", type=int, default=1)
+    p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
+    p.add_argument("--eval-split", choices=("test", "valid"), default="test")
+    p.add_argument("--eval-triples", type=int, default=0, help="rank only the first N triples of the split (0: all)")
+    p.add_argument("--eval-batch", type=int, default=256)
+    p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
+    p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
+    p.add_argument("--save-entities", default=None, help="write the trained entity table here (rank 0, torch.save)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.warmup is None:
+        args.warmup = min(20, args.steps // 5)
+    if not 0 <= args.warmup < args.steps:
+        p.error("--warmup must be in [0, steps)")
+    if args.dataset == "tsv" and not args.data_path:
+        p.error("--dataset tsv needs --data-path")
+    return args
+
+
+def read_data(args: argparse.Namespace, rank: int) -> KGData:
+    """The dataset on every rank; rank 0 reads (and fetches) first so the others find the cache."""
+    synthetic = dict(
+        num_entities=args.synthetic_entities,
+        num_relations=args.synthetic_relations,
+        num_triples=args.synthetic_triples,
+        skew=args.synthetic_skew,
+        seed=args.seed,
+    )
+
+    def read() -> KGData:
+        return load_dataset(
+            args.dataset,
+            data_path=args.data_path,
+            cache_dir=args.cache_dir,
+            synthetic=synthetic if args.dataset == "synthetic" else None,
+        )
+
+    data = read() if rank == 0 else None
+    dist.barrier()
+    return data if data is not None else read()
+
+
+def train(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train and evaluate on this rank; every rank returns the same summary."""
+    rank, world, _local_rank, local_world, device, backend = init_distributed()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+    data = read_data(args, rank)
+    cfg = KGEConfig(
+        model=args.model,
+        dim=args.dim,
+        gamma=args.gamma,
+        loss=args.loss,
+        margin=args.margin,
+        adversarial_temperature=args.adversarial_temperature,
+        regularization=args.regularization,
+    )
+    sampler = ChunkedNegativeSampler(
+        data.train, data.num_entities, args.batch_size, args.chunk_size, args.negatives, world, seed=args.seed
+    )
+    if rank == 0:
+        print(
+            f"[graph] {data.summary()}; {cfg.model} dim {cfg.dim}, {cfg.loss} loss; {world} ranks ({backend}, "
+            f"{device.type}, {threads} threads each); batch {args.batch_size} in chunks of {args.chunk_size} "
+            f"x {args.negatives} negatives; sharder {args.sharder}"
+            + (f" ({args.sharding})" if args.sharder == "torchrec" else f" (cache {args.cache_ratio:g}, L={args.lookahead})"),
+            flush=True,
+        )
+
+    t_setup = time.perf_counter()
+    model = KGEModel(entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device)
+    dmp, plan_info = shard(args, model, sampler, rank, device)
+    if args.sharder == "torchrec":
+        seed_entity_table(dmp, cfg, args.seed)
+    dense_opt = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr)
+    )
+    opt = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    if args.sharder == "frugal":
+        from torchrec_frugal.torchrec import FrugalTrainPipeline
+
+        pipeline: Any = FrugalTrainPipeline(dmp, opt, device, lookahead=args.lookahead)
+    else:
+        pipeline = TrainPipelineSparseDist(dmp, opt, device)
+    stats = FrugalStats(dmp)
+    setup_s = time.perf_counter() - t_setup
+
+    batches = sampler.batches(rank, args.steps)
+    bar = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.steps, desc=f"{args.sharder}", unit="step", dynamic_ncols=True, mininterval=1.0)
+    losses: List[torch.Tensor] = []
+    dist.barrier()
+    t_start = t_last = time.perf_counter()
+    t_timed: Optional[float] = None
+    gate_before = 0.0
+    dmp.train()
+    for step in range(args.steps):
+        if step == args.warmup:
+            dist.barrier()
+            t_timed = time.perf_counter()
+            stats.record()
+            gate_before = stats.gate_wait_s
+        loss, _positive = pipeline.progress(batches)
+        stats.record()
+        losses.append(loss.detach().float())
+        if bar is not None:
+            bar.update(1)
+        if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
+            now = time.perf_counter()
+            msg = (
+                f"step {step + 1:>6} | {args.log_every * args.batch_size / (now - t_last):>9,.0f} triples/s "
+                f"| loss {torch.stack(losses[-args.log_every:]).mean():.4f}"
+            )
+            if stats.engines:
+                msg += f" | gate stall {100 * stats.gate_wait_s / max(now - t_start, 1e-9):.1f}% | cache hits {100 * stats.cache_hit_ratio:.1f}%"
+            (bar.write if bar is not None else print)(msg)
+            t_last = now
+    dist.barrier()
+    t_end = time.perf_counter()
+    if bar is not None:
+        bar.close()
+
+    timed_steps = args.steps - args.warmup
+    assert t_timed is not None
+    elapsed_all = _gather_cat(torch.tensor([t_end - t_timed], dtype=torch.float64), device)
+    gate_all = _gather_cat(torch.tensor([stats.gate_wait_s - gate_before], dtype=torch.float64), device)
+    tail = losses[-min(len(losses), 100):]
+    loss_all = _gather_cat(torch.stack(tail).mean().reshape(1), device)
+
+    entities = full_entity_table(dmp)
+    relations = model.relations.weight.detach().float().cpu().clone()
+    metrics: Dict[str, Any] = {k: None for k in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10", "mean_rank", "count")}
+    eval_s = 0.0
+    if not args.no_eval:
+        t_eval = time.perf_counter()
+        split = data.test if args.eval_split == "test" else data.valid
+        if args.eval_triples:
+            split = split[: args.eval_triples]
+        metrics = evaluate(cfg, entities, relations, split, FilteredRanker(data.known, data.num_entities), rank, world, args.eval_batch)
+        eval_s = time.perf_counter() - t_eval
+
+    elapsed_s = float(elapsed_all.max())
+    summary: Dict[str, Any] = {
+        "sharder": args.sharder,
+        "sharding": plan_info["sharding"],
+        "dataset": data.name,
+        "model": cfg.model,
+        "entities": data.num_entities,
+        "relations": data.num_relations,
+        "train_triples": int(data.train.shape[0]),
+        "world_size": world,
+        "backend": backend,
+        "device": device.type,
+        "threads_per_rank": threads,
+        "batch_size": args.batch_size,
+        "chunk_size": args.chunk_size,
+        "negatives": args.negatives,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "timed_s": elapsed_s,
+        "samples_per_second": args.batch_size * timed_steps / elapsed_s,
+        "loss": float(loss_all.mean()),
+        **metrics,
+        "eval_split": args.eval_split,
+        "eval_s": eval_s,
+        "gate_stall_fraction": float((gate_all / elapsed_all).mean()) if stats.engines else 0.0,
+        "setup_s": setup_s,
+        "cache_ratio": args.cache_ratio if args.sharder == "frugal" else None,
+        "lookahead": args.lookahead if args.sharder == "frugal" else None,
+        "kge_config": asdict(cfg),
+        "seed": args.seed,
+    }
+    if rank == 0:
+        keys = ("sharder", "dataset", "model", "steps", "samples_per_second", "loss", "mrr", "hits_at_10", "gate_stall_fraction")
+        print("[graph] " + json.dumps({k: summary[k] for k in keys}), flush=True)
+        if args.summary:
+            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.summary, "w") as f:
+                json.dump(summary, f, indent=2)
+        if args.save_entities:
+            Path(args.save_entities).parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"entities": entities, "relations": relations}, args.save_entities)
+    # Release the sharded model (Frugal engines close here) while the process group is alive.
+    del pipeline, opt, dense_opt, dmp, model, stats, batches
+    gc.collect()
+    dist.barrier()
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    summary = train(args)
+    dist.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""KGE scores, losses, the sharding-independent init and the rank-independent sampler."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from examples.graph.models import (
+    MODELS,
+    KGEConfig,
+    kge_loss,
+    query,
+    score_all,
+    score_candidates,
+    score_pairs,
+    seeded_uniform_,
+)
+from examples.graph.sampler import ChunkedNegativeSampler
+
+TAIL, HEAD = torch.ones(()), -torch.ones(())
+
+
+def reference_score(cfg: KGEConfig, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The textbook definitions, written independently of the query form."""
+    if cfg.model == "transe_l1":
+        return cfg.gamma - (h + r - t).abs().sum(-1)
+    if cfg.model == "transe_l2":
+        return cfg.gamma - (h + r - t).pow(2).sum(-1).sqrt()
+    if cfg.model == "distmult":
+        return (h * r * t).sum(-1)
+    half = cfg.dim // 2
+    c = lambda x: torch.complex(x[..., :half].double(), x[..., half:].double())  # noqa: E731
+    return (c(h) * c(r) * c(t).conj()).sum(-1).real.float()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_scores_match_definitions_from_both_sides(model: str) -> None:
+    cfg = KGEConfig(model=model, dim=8, gamma=3.0)
+    g = torch.Generator().manual_seed(0)
+    h, r, t = (torch.randn(5, 8, generator=g) for _ in range(3))
+    want = reference_score(cfg, h, r, t)
+    torch.testing.assert_close(score_pairs(cfg, query(cfg, h, r, TAIL), t), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(score_pairs(cfg, query(cfg, t, r, HEAD), h), want, rtol=1e-5, atol=1e-5)
+    # chunked candidates and the evaluation's all-entity scores agree with the pairwise form
+    cands = torch.randn(7, 8, generator=g)
+    q = query(cfg, h, r, TAIL)
+    grid = score_candidates(cfg, q.reshape(1, 5, 8), cands.reshape(1, 7, 8)).reshape(5, 7)
+    want_grid = reference_score(cfg, h[:, None], r[:, None], cands[None])
+    torch.testing.assert_close(grid, want_grid, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(score_all(cfg, q, cands), want_grid, rtol=1e-4, atol=1e-4)
+
+
+def test_head_and_tail_forms_differ_for_asymmetric_models() -> None:
+    """The sign matters: reading a TransE/ComplEx triple from the wrong side gives other scores."""
+    g = torch.Generator().manual_seed(1)
+    h, r, t = (torch.randn(4, 8, generator=g) for _ in range(3))
+    for model in ("transe_l2", "complex"):
+        cfg = KGEConfig(model=model, dim=8)
+        wrong = score_pairs(cfg, query(cfg, t, r, TAIL), h)
+        assert not torch.allclose(wrong, reference_score(cfg, h, r, t), atol=1e-3)
+
+
+def test_losses() -> None:
+    pos = torch.tensor([2.0, -1.0])
+    neg = torch.tensor([[0.5, 3.0, -2.0], [1.0, 0.0, -1.0]])
+    cfg = KGEConfig(loss="margin", margin=1.5)
+    want = torch.clamp(1.5 - pos[:, None] + neg, min=0).mean()
+    torch.testing.assert_close(kge_loss(cfg, pos, neg), want)
+    cfg = KGEConfig(loss="logsigmoid")
+    want = (-F.logsigmoid(pos).mean() - F.logsigmoid(-neg).mean()) / 2
+    torch.testing.assert_close(kge_loss(cfg, pos, neg), want)
+    cfg = KGEConfig(loss="logsigmoid", adversarial_temperature=1.0)
+    w = torch.softmax(neg, dim=-1)
+    want = (-F.logsigmoid(pos).mean() - (w * F.logsigmoid(-neg)).sum(-1).mean()) / 2
+    torch.testing.assert_close(kge_loss(cfg, pos, neg), want)
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="model"):
+        KGEConfig(model="rotate")
+    with pytest.raises(ValueError, match="even"):
+        KGEConfig(model="complex", dim=7)
+    with pytest.raises(ValueError, match="loss"):
+        KGEConfig(loss="bce")
+
+
+def test_seeded_init_does_not_depend_on_sharding() -> None:
+    full = seeded_uniform_(torch.empty(10_000, 6), 0.5, seed=3)
+    assert full.abs().max() <= 0.5 and full.std() > 0.2
+    for lo, hi in [(0, 1), (4095, 4097), (5000, 10_000), (123, 8200)]:
+        block = seeded_uniform_(torch.empty(hi - lo, 6), 0.5, seed=3, first_row=lo)
+        assert torch.equal(block, full[lo:hi])
+    assert not torch.equal(seeded_uniform_(torch.empty(10_000, 6), 0.5, seed=4), full)
+
+
+def _ids(batch) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return batch.entities.values()
+
+
+def test_sampler_is_independent_of_world_size() -> None:
+    g = torch.Generator().manual_seed(0)
+    train = torch.stack([torch.randint(0, 50, (300,), generator=g), torch.randint(0, 4, (300,), generator=g), torch.randint(0, 50, (300,), generator=g)], 1)
+    one = ChunkedNegativeSampler(train, 50, batch_size=64, chunk_size=8, negatives=5, world_size=1, seed=1)
+    two = ChunkedNegativeSampler(train, 50, batch_size=64, chunk_size=8, negatives=5, world_size=2, seed=1)
+    for step in (0, 1, 4, 9):
+        b1 = one.rank_batch(step, 0)
+        parts = [two.rank_batch(step, r) for r in range(2)]
+        n = 64
+        ids1 = _ids(b1)
+        anchors = torch.cat([_ids(p)[:32] for p in parts])
+        trues = torch.cat([_ids(p)[32:64] for p in parts])
+        negs = torch.cat([_ids(p)[64:] for p in parts])
+        assert torch.equal(ids1[:n], anchors) and torch.equal(ids1[n : 2 * n], trues) and torch.equal(ids1[2 * n :], negs)
+        assert torch.equal(b1.relations, torch.cat([p.relations for p in parts]))
+        assert float(b1.sign) == (-1.0 if step % 2 else 1.0) == float(parts[1].sign)
+        assert b1.chunk_size == parts[0].chunk_size == 8 and negs.numel() == 8 * 5
+    # an epoch visits every training triple once
+    epoch = torch.cat([one.global_positions(s) for s in range(5)])[:300]
+    assert torch.equal(epoch.sort().values, torch.arange(300))
+
+
+def test_sampler_rejects_uneven_split() -> None:
+    train = torch.zeros(10, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        ChunkedNegativeSampler(train, 5, batch_size=24, chunk_size=8, negatives=2, world_size=2)

@@ -32,6 +32,8 @@ class Scenario:
     in_host: Optional[bool] = None  # None: in place on CPU; False: dynamic slots + flush (the GPU path)
     seed: int = 0
     broken_lookahead: bool = False  # negative control: hide every host read from the owners
+    device: str = "cpu"  # "cuda": every rank on the current CUDA device (several ranks may share it)
+    host_path: str = "auto"
 
 
 
@@ -52,8 +54,10 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     wl = ZipfWorkload(sc.table_rows, sc.ids_per_step, s=1.2, seed=sc.seed)
     cfg = FrugalConfig(lookahead=sc.lookahead, cache_ratio=sc.cache_ratio, queue=sc.queue,
                        flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60,
-                       max_deferred_rows=sc.max_deferred_rows, update_uncached_in_host=sc.in_host)
-    eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed)
+                       max_deferred_rows=sc.max_deferred_rows, update_uncached_in_host=sc.in_host,
+                       host_path=sc.host_path)
+    eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
+                       device=torch.device(sc.device))
     if sc.broken_lookahead:
         # Owners then see no future host reads, defer every flush, and the gate never waits:
         # the reference check must catch the stale reads that follow.
@@ -75,7 +79,7 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
             eng.push_lookahead(fused(rank, step + sc.lookahead))
         rows = fused(rank, step)
         eng.begin_step(rows)
-        got = eng.lookup(rows)
+        got = eng.lookup(rows).cpu()
         # Reference: every rank's reads and gradients at this step.
         all_rows, all_grads = [], []
         for r in range(world):
@@ -99,8 +103,9 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     host_w, host_s = eng.read_rows()
     cached = torch.from_numpy(eng.store.cached_rows)
     n_static = eng.store.num_static
-    cache_vs_host = (eng.store.weights[:n_static] - host_w[cached]).abs().max().item() if n_static else 0.0
-    state_vs_host = (eng.store.state[:n_static] - host_s[cached]).abs().max().item() if n_static and host_s.shape[1] else 0.0
+    store_w, store_s = eng.store.weights[:n_static].cpu(), eng.store.state[:n_static].cpu()
+    cache_vs_host = (store_w - host_w[cached]).abs().max().item() if n_static else 0.0
+    state_vs_host = (store_s - host_s[cached]).abs().max().item() if n_static and host_s.shape[1] else 0.0
     host_vs_ref = (host_w - ref_w).abs().max().item() / ref_w.abs().max().item()
     result = {
         "max_rel_read_error": max_rel,
@@ -112,6 +117,9 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
         "gate_wait_s": gate_wait,
         "step_time_s": step_time,
         "dynamic_after_flush": float(eng.store.dynamic_in_use),
+        "host_path": eng.host.path,
+        "registered": float(eng.host.registered),
+        "device": str(eng.device),
     }
     eng.close()
     return result

@@ -6,6 +6,7 @@ from typing import Optional
 
 QUEUE_KINDS = ("two_level", "heap")
 OPTIMIZER_KINDS = ("sgd", "rowwise_adagrad", "adam")
+HOST_PATHS = ("auto", "zero_copy", "pinned")
 
 
 @dataclass
@@ -27,6 +28,12 @@ class FrugalConfig:
         in place in host memory during the update (nobody reads host before the update ends).
         None picks True on a CPU device, where device memory is host memory and a dynamic slot
         would only add two copies, and False on an accelerator.
+    host_path: how a CUDA device reads and writes host rows. "zero_copy": the shared tables are
+        page-locked and mapped into the device's address space, lookups gather host rows with
+        one kernel over PCIe and flushes scatter into them the same way. "pinned": the host
+        gathers into a page-locked buffer, then one asynchronous copy (flushes: the reverse).
+        "auto": zero_copy where the tables can be registered, else pinned. On a CPU device the
+        tables are read in place (zero_copy); "pinned" there stages through a buffer, as on CUDA.
     timeout_s: longest wait on another rank before the run is aborted with an error.
     """
 
@@ -37,6 +44,7 @@ class FrugalConfig:
     flush_chunk_rows: int = 8192
     max_deferred_rows: int = 65536
     update_uncached_in_host: Optional[bool] = None
+    host_path: str = "auto"
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -52,6 +60,8 @@ class FrugalConfig:
             raise ValueError(f"flush_chunk_rows must be >= 1, got {self.flush_chunk_rows}")
         if self.max_deferred_rows < 0:
             raise ValueError(f"max_deferred_rows must be >= 0, got {self.max_deferred_rows}")
+        if self.host_path not in HOST_PATHS:
+            raise ValueError(f"host_path must be one of {HOST_PATHS}, got {self.host_path!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 

@@ -12,6 +12,11 @@ One engine serves a group of tables of equal dimension, fused into one row space
 4. Flushers copy queued rows (weights and optimizer state) to host, lowest priority first.
 
 No rank is special after set-up: the gate reads every owner's progress counters in shared memory.
+
+On CUDA (``device.py``) host rows are read and written through the device's mapping of the
+shared segment (or a pinned staging copy), flushes run on a side stream ordered after the
+update by an event, and an owner publishes its flush progress only once the flush's event is
+reached, so a peer's gate opens exactly when the host rows it reads are current.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import torch.distributed as dist
 
 from . import shm
 from .config import FrugalConfig, OptimizerSpec, TableSpec
+from .device import REACHED, HostTables, Streams, plan_lookup, resolve_device, to_device
 from .errors import FrugalError, FrugalInputError, RankLostError
 from .gate import (
     CLOSED,
@@ -101,7 +107,7 @@ class FrugalEngine:
         self.tables = list(tables)
         self.config = config or FrugalConfig()
         self.optimizer = optimizer
-        self.device = device or torch.device("cpu")
+        self.device = resolve_device(device)
         self.dim = dims.pop()
         sizes = [t.num_embeddings for t in self.tables]
         self.num_rows = int(sum(sizes))
@@ -152,6 +158,17 @@ class FrugalEngine:
         ]
         self._host_w = self._host["weights"]
         self._host_s = self._host["state"]
+        # Host rows as the device reads and writes them (mapped or staged), and the flush stream.
+        self.host = HostTables(
+            {"weights": self._host_w, "state": self._host_s},
+            self._host.base,
+            self.device,
+            self.config.host_path,
+            self._host,
+        )
+        self.streams = Streams(self.device)
+        self._read_mark = REACHED  # reached once this step's host reads are done
+        self._updated_mark = REACHED  # reached once the store holds every update applied so far
         self.control = Control(self._host["control"], self.rank, self.config.timeout_s)
         c = self.control
         c.set(STAGED, -1)
@@ -286,7 +303,12 @@ class FrugalEngine:
                     )
             counts = torch.cat([c.reshape(-1).to(torch.float64) for c in presample_counts])
         if self._collective():
-            dist.all_reduce(counts, group=self._pg)
+            if dist.get_backend(self._pg) == "nccl":  # NCCL reduces device tensors only
+                counts = counts.to(self.device)
+                dist.all_reduce(counts, group=self._pg)
+                counts = counts.cpu()
+            else:
+                dist.all_reduce(counts, group=self._pg)
         per_table = [counts[int(self._offsets_np[t]) : int(self._offsets_np[t + 1])].numpy() for t in range(len(self.tables))]
         return assign_ownership(per_table, self.config.cache_ratio, self.world_size)
 
@@ -433,27 +455,29 @@ class FrugalEngine:
         return self.control.wait(lagging, f"the gate of step {s}", idle)
 
     def lookup(self, rows: torch.Tensor) -> torch.Tensor:
-        """Current values of ``rows`` [n] -> [n, dim]: own cache where possible, host otherwise."""
+        """Current values of ``rows`` [n] -> [n, dim]: own store where held, host otherwise.
+
+        One pass over the rows: the rows this rank holds are gathered from its device store and
+        all others from host memory (on CUDA through the mapped host tables), both straight
+        into the output.
+        """
+        self._raise_if_failed()
         rows = rows.reshape(-1)
-        r_np = rows.numpy()
-        slots = self.store.slot_of[r_np]
-        hit = slots >= 0
-        n_hit = int(np.count_nonzero(hit))
+        plan = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy())
         self._lookups += int(rows.shape[0])
-        self._hits += int(np.count_nonzero(slots[hit] < self.store.num_static)) if n_hit else 0
-        if n_hit == 0:
-            return self._host_w.index_select(0, rows).to(self.device)
-        if n_hit == rows.shape[0]:
-            return self.store.weights.index_select(0, torch.from_numpy(slots).to(self.device))
-        out = torch.empty(rows.shape[0], self.dim, dtype=torch.float32, device=self.device)
-        hit_pos = torch.from_numpy(np.flatnonzero(hit)).to(self.device)
-        miss = np.flatnonzero(~hit)
-        out.index_copy_(0, hit_pos, self.store.weights.index_select(0, torch.from_numpy(slots[hit]).to(self.device)))
-        out.index_copy_(
-            0,
-            torch.from_numpy(miss).to(self.device),
-            self._host_w.index_select(0, torch.from_numpy(r_np[miss])).to(self.device),
-        )
+        self._hits += plan.n_static_hits
+        hit_pos, hit_slots, miss_pos, miss_rows = plan.parts(plan.packed.to(self.device, non_blocking=True))
+        if plan.n_miss == 0:
+            out = self.store.weights.index_select(0, hit_slots)
+        else:
+            host_rows = self.host.read("weights", plan.parts()[3], miss_rows)
+            if plan.n_hit == 0:
+                out = host_rows
+            else:
+                out = torch.empty(rows.shape[0], self.dim, dtype=torch.float32, device=self.device)
+                out.index_copy_(0, hit_pos, self.store.weights.index_select(0, hit_slots))
+                out.index_copy_(0, miss_pos, host_rows)
+        self._read_mark = self.streams.mark()
         return out
 
     def apply_gradients(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> None:
@@ -481,6 +505,9 @@ class FrugalEngine:
         torch.index_select(rows, 0, order, out=box["g_rows"][:k])
         torch.index_select(grads, 0, order, out=box["g_grads"][:k])
         box["g_counts"].copy_(torch.from_numpy(np.bincount(own, minlength=self.world_size)))
+        # Owners write this step's updates to host once every rank staged: our host reads of the
+        # step (device kernels on CUDA) must be done by then.
+        self._read_mark.synchronize()
         self.control.set(STAGED, s)
         self._exchange_wait = self.control.wait(
             lambda: [r for r, v in enumerate(self.control.get(STAGED)) if v < s],
@@ -515,9 +542,9 @@ class FrugalEngine:
                 new_rows = u_np[fresh]
                 new_slots = store.alloc(new_rows)
                 nr = torch.from_numpy(new_rows)
-                ns = torch.from_numpy(new_slots).to(self.device)
-                store.weights.index_copy_(0, ns, self._host_w.index_select(0, nr).to(self.device))
-                store.state.index_copy_(0, ns, self._host_s.index_select(0, nr).to(self.device))
+                nr_dev, ns = to_device([nr, torch.from_numpy(new_slots)], self.device)
+                store.weights.index_copy_(0, ns, self.host.read("weights", nr, nr_dev))
+                store.state.index_copy_(0, ns, self.host.read("state", nr, nr_dev))
                 slots[fresh] = new_slots
             sl = torch.from_numpy(slots).to(self.device)
             w = store.weights.index_select(0, sl)
@@ -525,6 +552,7 @@ class FrugalEngine:
             apply_update(self.optimizer, w, st, summed.to(self.device), s)
             store.weights.index_copy_(0, sl, w)
             store.state.index_copy_(0, sl, st)
+            self._updated_mark = self.streams.mark()
             self._version[u_np] += 1
             if self.window is None:
                 prio: Union[int, np.ndarray] = s + 1
@@ -619,11 +647,17 @@ class FrugalEngine:
                 slots = self.store.slot_of[rows]
                 snapshot = self._version[rows].copy()
                 src_w, src_s = self.store.weights, self.store.state
+                after = self._updated_mark
             r = torch.from_numpy(rows)
-            sl = torch.from_numpy(slots).to(self.device)
-            self._host_w.index_copy_(0, r, src_w.index_select(0, sl).to("cpu"))
-            if self.state_width:
-                self._host_s.index_copy_(0, r, src_s.index_select(0, sl).to("cpu"))
+            # On CUDA: a side stream, after the updates on the device, never behind the step's
+            # kernels; only this thread waits for the copy (the rows are on host once it returns).
+            with self.streams.side(after):
+                r_dev, sl = to_device([r, torch.from_numpy(slots)], self.device)
+                self.host.write("weights", r, src_w.index_select(0, sl), r_dev)
+                if self.state_width:
+                    self.host.write("state", r, src_s.index_select(0, sl), r_dev)
+                copied = self.streams.mark()
+            copied.synchronize()
             with self._lock:
                 # Rows updated meanwhile were re-queued by the update and stay pending.
                 done = rows[self._version[rows] == snapshot]
@@ -746,6 +780,7 @@ class FrugalEngine:
         if self._closed:
             return
         self._stop_flushers()
+        self.host.close()
         if self.control.get(STATUS)[self.rank] != FAILED:
             self.control.set(STATUS, CLOSED)
         self._closed = True

@@ -150,6 +150,8 @@ class SharedSegment:
             self._mm = mmap.mmap(fd, layout.nbytes)
         finally:
             os.close(fd)
+        # The whole mapping as bytes: its address and size are what a device registers.
+        self.base = torch.frombuffer(self._mm, dtype=torch.uint8)
         self.views: Dict[str, torch.Tensor] = {}
         for f in layout.fields:
             n = _numel(f.shape)

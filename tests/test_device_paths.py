@@ -1,0 +1,172 @@
+"""The device layer on CPU: lookup split, host-path choice, markers and streams, staged host I/O.
+
+These pieces run unchanged on CUDA (tests/test_cuda_engine.py covers what needs a GPU); here the
+CPU implementations are exercised as the engine uses them, including a 2-rank exactness run of
+the pinned (staged) path with background flushes through dynamic slots.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dist_harness import run_ranks
+from engine_reference import Scenario, run_scenario, run_scenarios
+from torchrec_frugal import shm
+from torchrec_frugal.config import FrugalConfig
+from torchrec_frugal.device import (
+    REACHED,
+    HostTables,
+    Streams,
+    choose_host_path,
+    plan_lookup,
+    resolve_device,
+    to_device,
+)
+from torchrec_frugal.errors import FrugalError
+
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda", 0)
+
+
+def test_choose_host_path() -> None:
+    assert choose_host_path("auto", CPU, can_map=True) == "zero_copy"
+    assert choose_host_path("zero_copy", CPU, can_map=True) == "zero_copy"
+    assert choose_host_path("pinned", CPU, can_map=True) == "pinned"
+    assert choose_host_path("auto", CUDA, can_map=True) == "zero_copy"
+    assert choose_host_path("auto", CUDA, can_map=False) == "pinned"
+    assert choose_host_path("pinned", CUDA, can_map=True) == "pinned"
+    assert choose_host_path("zero_copy", CUDA, can_map=True) == "zero_copy"
+    with pytest.raises(FrugalError, match="cannot be mapped"):
+        choose_host_path("zero_copy", CUDA, can_map=False)
+    with pytest.raises(ValueError, match="host_path"):
+        choose_host_path("uva", CPU, can_map=True)
+    with pytest.raises(ValueError, match="host_path"):
+        FrugalConfig(host_path="uva")
+
+
+def test_resolve_device() -> None:
+    assert resolve_device(None) == CPU
+    assert resolve_device(torch.device("cpu")) == CPU
+    assert resolve_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plan_lookup_splits_store_and_host_reads(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    num_rows, num_static = 500, 40
+    slot_of = np.full(num_rows, -1, dtype=np.int64)
+    held = rng.choice(num_rows, 70, replace=False)
+    slot_of[held] = rng.permutation(70)  # slots < 40 static, the rest dynamic
+    rows = rng.integers(0, num_rows, 300)
+    plan = plan_lookup(slot_of, num_static, rows)
+    hit_pos, hit_slots, miss_pos, miss_rows = (p.numpy() for p in plan.parts())
+    # Every output position exactly once; hits read their slot, misses their row from host.
+    assert sorted(np.concatenate([hit_pos, miss_pos]).tolist()) == list(range(rows.shape[0]))
+    assert np.array_equal(hit_slots, slot_of[rows[hit_pos]]) and (hit_slots >= 0).all()
+    assert np.array_equal(miss_rows, rows[miss_pos]) and (slot_of[miss_rows] == -1).all()
+    assert plan.n_static_hits == int(np.count_nonzero(slot_of[rows] >= 0) - np.count_nonzero(slot_of[rows] >= num_static))
+    # Reassembling from a store and a host table gives the plain gather.
+    host = torch.randn(num_rows, 3)
+    store = torch.zeros(70, 3)
+    store[torch.from_numpy(slot_of[held])] = host[torch.from_numpy(held)]
+    out = torch.empty(rows.shape[0], 3)
+    hp, hs, mp, mr = plan.parts()
+    out.index_copy_(0, hp, store.index_select(0, hs))
+    out.index_copy_(0, mp, host.index_select(0, mr))
+    assert torch.equal(out, host[torch.from_numpy(rows)])
+
+
+def test_plan_lookup_edges() -> None:
+    slot_of = np.array([0, -1, 1, -1], dtype=np.int64)
+    none = plan_lookup(slot_of, 2, np.zeros(0, dtype=np.int64))
+    assert (none.n_hit, none.n_miss, none.packed.numel()) == (0, 0, 0)
+    all_hit = plan_lookup(slot_of, 2, np.array([2, 0, 2]))
+    assert (all_hit.n_hit, all_hit.n_miss, all_hit.n_static_hits) == (3, 0, 3)
+    assert all_hit.parts()[1].tolist() == [1, 0, 1]
+    all_miss = plan_lookup(slot_of, 2, np.array([3, 1]))
+    assert (all_miss.n_hit, all_miss.n_miss) == (0, 2)
+    assert all_miss.parts()[3].tolist() == [3, 1] and all_miss.parts()[2].tolist() == [0, 1]
+
+
+def test_streams_and_markers_on_cpu() -> None:
+    streams = Streams(CPU)
+    assert streams.side_stream is None
+    m = streams.mark()
+    assert m is REACHED and m.query()
+    m.synchronize()
+    x = torch.zeros(4)
+    with streams.side(m):  # runs the block in place: CPU work is done when it returns
+        x.add_(1)
+        done = streams.mark()
+    done.synchronize()
+    assert torch.equal(x, torch.ones(4))
+
+
+def test_to_device_on_cpu_moves_nothing() -> None:
+    a, b = torch.arange(3), torch.arange(5)
+    out = to_device([a, b], CPU)
+    assert out[0] is a and out[1] is b
+
+
+def _segment(rows: int, width: int) -> shm.SharedSegment:
+    layout = shm.Layout([shm.Field("weights", torch.float32, (rows, width)), shm.Field("state", torch.float32, (rows, 1))])
+    seg = shm.SharedSegment.create(f"{shm.PREFIX}{shm.new_run_id()}_devtest", layout)
+    seg.unlink()
+    return seg
+
+
+@pytest.mark.parametrize("path", ["zero_copy", "pinned"])
+def test_host_tables_read_write_on_cpu(path: str) -> None:
+    seg = _segment(100, 4)
+    seg["weights"].copy_(torch.randn(100, 4))
+    ht = HostTables({"weights": seg["weights"], "state": seg["state"]}, seg.base, CPU, path, seg)
+    assert ht.path == path and not ht.registered
+    assert seg.base.numel() == seg.layout.nbytes
+    rows = torch.tensor([5, 3, 99, 5])
+    first = ht.read("weights", rows)
+    assert torch.equal(first, seg["weights"][rows])
+    if path == "zero_copy":
+        assert ht.mapped["weights"] is seg["weights"]  # on CPU the mapping is the table itself
+    # A later read reuses the staging buffer; the first result must not change with it.
+    keep = first.clone()
+    ht.read("weights", torch.tensor([0, 1, 2, 4]))
+    assert torch.equal(first, keep)
+    first.add_(100)
+    assert not torch.equal(seg["weights"][rows], first)  # results are copies, not views of host
+    vals = torch.randn(2, 4)
+    ht.write("weights", torch.tensor([7, 8]), vals)
+    assert torch.equal(seg["weights"][7:9], vals)
+    ht.write("state", torch.tensor([1]), torch.tensor([[3.0]]))
+    assert float(seg["state"][1, 0]) == 3.0
+    ht.close()
+    assert ht.mapped == {}
+
+
+@pytest.mark.parametrize("in_host", [None, False])
+def test_engine_pinned_path_single_rank(in_host) -> None:
+    """The staged path gives exactly what the in-place path gives (one rank, lookahead on)."""
+    common = dict(lookahead=4, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=150, in_host=in_host)
+    staged = run_scenario(0, 1, Scenario(host_path="pinned", **common))
+    direct = run_scenario(0, 1, Scenario(host_path="zero_copy", **common))
+    assert staged["host_path"] == "pinned" and direct["host_path"] == "zero_copy"
+    for m in (staged, direct):
+        assert m["max_rel_read_error"] <= 1e-5 and m["host_vs_ref"] <= 1e-5, m
+        assert m["cache_vs_host"] == 0.0 and m["dynamic_after_flush"] == 0.0, m
+    assert staged["host_vs_ref"] == direct["host_vs_ref"]
+
+
+def test_engine_pinned_path_two_ranks() -> None:
+    """Staged reads and writes with background flushers and dynamic slots stay exact on 2 ranks."""
+    scenarios = [
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=300, in_host=False, host_path="pinned"),
+        Scenario(lookahead=1, cache_ratio=0.0, optimizer="sgd", steps=300, in_host=False, host_path="pinned",
+                 flush_workers=2, max_deferred_rows=50),
+    ]
+    results = run_ranks(2, run_scenarios, scenarios, timeout=600)
+    for per_rank in zip(*results):
+        for m in per_rank:
+            assert m["host_path"] == "pinned"
+            assert m["max_rel_read_error"] <= 1e-5 and m["host_vs_ref"] <= 1e-5, m
+            assert m["cache_vs_host"] == 0.0 and m["dynamic_after_flush"] == 0.0, m
+            assert m["flushed_rows"] > 0, m

@@ -1,0 +1,325 @@
+"""How host tables reach an engine's device, and the streams and events that order the copies.
+
+The engine is written once against three small abstractions, each with a CUDA implementation and
+a CPU one that is the same code path with nothing to overlap:
+
+* :class:`HostTables`: reads and writes rows of the shared host tables from the device. Two paths:
+  ``zero_copy`` (the segment is page-locked with ``cudaHostRegister`` and mapped into the device's
+  address space, so a gather kernel reads host rows straight over PCIe and a scatter kernel
+  writes them back) and ``pinned`` (the host gathers into a page-locked staging buffer, then one
+  asynchronous copy moves it; writes go the other way). On a CPU device the mapped view is the
+  host table itself.
+* :class:`Streams`: the caller's compute stream plus a side stream on which flushes run, so host
+  writes never queue behind (or block) the training step's kernels.
+* Markers (:meth:`Streams.mark`): a CUDA event recorded on the current stream; on CPU every
+  operation has finished when it returns, so a marker is reached as soon as it is taken.
+
+The gate stays a wait on the owners' progress counters in shared memory, with the events at its
+edges: a flush stream waits for the update's event on the device (the host does not block), an
+owner raises its flushed-through counter only once the flush's event is reached, and a rank
+marks its lookup so that it stages gradients (letting owners overwrite host rows) only after
+its own host reads are done. While a rank's host thread waits at the gate, its device keeps
+running the work already queued.
+
+:func:`plan_lookup` splits a lookup into rows this rank holds (read from its device store) and
+rows read from host; it runs on CPU and is the same for every path.
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .config import HOST_PATHS
+from .errors import FrugalError
+
+# cudaHostRegisterPortable | cudaHostRegisterMapped: pinned for every CUDA context of the process
+# and mapped into the device address space (with UVA the device address is the host address).
+_REGISTER_FLAGS = 0x01 | 0x02
+_TYPESTR = {torch.float32: "<f4"}  # the tables' dtype
+
+
+def resolve_device(device: Optional[torch.device]) -> torch.device:
+    """The engine's device with an explicit index (``cuda`` means the current CUDA device)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def choose_host_path(requested: str, device: torch.device, can_map: bool) -> str:
+    """The host access path an engine uses: what was asked for, or the fastest that works.
+
+    ``auto`` takes ``zero_copy`` wherever the host tables can be mapped (always on CPU, where
+    the mapping is the table itself) and falls back to ``pinned`` where registration failed.
+    """
+    if requested not in HOST_PATHS:
+        raise ValueError(f"host_path must be one of {HOST_PATHS}, got {requested!r}")
+    if device.type == "cpu":
+        return "pinned" if requested == "pinned" else "zero_copy"
+    if requested == "auto":
+        return "zero_copy" if can_map else "pinned"
+    if requested == "zero_copy" and not can_map:
+        raise FrugalError(f"host_path='zero_copy' but the host tables cannot be mapped into {device}")
+    return requested
+
+
+# ---------------------------------------------------------------------------------------------- lookup plan
+@dataclass
+class LookupPlan:
+    """Where each row of a lookup comes from, packed into one int64 tensor (one transfer).
+
+    ``packed`` is ``[hit_pos | hit_slots | miss_pos | miss_rows]``: output positions and store
+    slots of the rows this rank holds, then output positions and fused rows of host reads.
+    """
+
+    packed: torch.Tensor
+    n_hit: int
+    n_miss: int
+    n_static_hits: int
+
+    def parts(self, t: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(hit_pos, hit_slots, miss_pos, miss_rows) as views of ``t`` (``packed`` moved somewhere)."""
+        t = self.packed if t is None else t
+        h, m = self.n_hit, self.n_miss
+        return t[:h], t[h : 2 * h], t[2 * h : 2 * h + m], t[2 * h + m :]
+
+
+def plan_lookup(slot_of: np.ndarray, num_static: int, rows: np.ndarray) -> LookupPlan:
+    """Split ``rows`` into store reads (slot >= 0) and host reads, keeping output positions."""
+    slots = slot_of[rows]
+    hit = slots >= 0
+    hit_pos = np.flatnonzero(hit)
+    miss_pos = np.flatnonzero(~hit)
+    hit_slots = slots[hit_pos]
+    packed = np.concatenate([hit_pos, hit_slots, miss_pos, rows[miss_pos]])
+    return LookupPlan(
+        torch.from_numpy(packed),
+        n_hit=int(hit_pos.shape[0]),
+        n_miss=int(miss_pos.shape[0]),
+        n_static_hits=int(np.count_nonzero(hit_slots < num_static)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- streams
+class _Reached:
+    """CPU marker: operations on a CPU device are complete when they return."""
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+REACHED = _Reached()
+
+
+def _mark(device: torch.device) -> "torch.cuda.Event | _Reached":
+    if device.type != "cuda":
+        return REACHED
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(device))
+    return ev
+
+
+class Streams:
+    """The compute stream (whatever is current for the caller) and one side stream for flushes."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.side_stream = torch.cuda.Stream(device=device) if self.cuda else None
+
+    def mark(self) -> "torch.cuda.Event | _Reached":
+        """A point on the current stream: every operation enqueued so far has run once it is reached."""
+        return _mark(self.device)
+
+    @contextmanager
+    def side(self, after: "torch.cuda.Event | _Reached") -> Iterator[None]:
+        """Run the block on the side stream, ordered after ``after`` on the device, not on the host."""
+        if self.side_stream is None:
+            yield
+            return
+        self.side_stream.wait_event(after)  # type: ignore[arg-type]
+        with torch.cuda.stream(self.side_stream):
+            yield
+
+
+# ---------------------------------------------------------------------------------------------- staging
+class _Staging:
+    """A reusable page-locked (on CUDA) host buffer; reuse waits for the copy that last used it."""
+
+    def __init__(self, width: int, pin: bool) -> None:
+        self.width = width
+        self.pin = pin
+        self.buf = torch.empty(0, width, dtype=torch.float32)
+        self.busy: "torch.cuda.Event | _Reached" = REACHED
+
+    def take(self, n: int) -> torch.Tensor:
+        self.busy.synchronize()
+        if self.buf.shape[0] < n:
+            self.buf = torch.empty(max(n, 2 * self.buf.shape[0]), self.width, dtype=torch.float32, pin_memory=self.pin)
+        return self.buf[:n]
+
+
+# ---------------------------------------------------------------------------------------------- host tables
+class _CudaArray:
+    """A raw device address as ``__cuda_array_interface__``, for torch to wrap without copying."""
+
+    def __init__(self, ptr: int, shape: Tuple[int, ...], dtype: torch.dtype) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": _TYPESTR[dtype],
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _unregister(ptr: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+class HostRegistration:
+    """One host address range page-locked and mapped for CUDA; unregistered by :meth:`close`.
+
+    ``owner`` (the shared segment) is kept alive by the registration so that the range is never
+    unmapped while registered, even if the engine is dropped without close().
+    """
+
+    def __init__(self, ptr: int, nbytes: int, device: torch.device, owner: object) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.device = device
+        with torch.cuda.device(device):
+            torch.cuda.init()
+            err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _REGISTER_FLAGS)
+        if int(err) != 0:
+            raise FrugalError(f"cudaHostRegister of {nbytes} bytes of shared host memory failed with error {int(err)}")
+        self._finalizer = weakref.finalize(self, _unregister, ptr)
+        self._owner = owner
+
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The device's zero-copy view of ``tensor``, a contiguous tensor inside the range."""
+        if tensor.numel() == 0:  # nothing to map (an optimizer without state)
+            return torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+        off = tensor.data_ptr() - self.ptr
+        if off < 0 or off + tensor.numel() * tensor.element_size() > self.nbytes or not tensor.is_contiguous():
+            raise ValueError("view() takes a contiguous tensor inside the registered range")
+        with torch.cuda.device(self.device):
+            out = torch.as_tensor(_CudaArray(tensor.data_ptr(), tuple(tensor.shape), tensor.dtype), device=self.device)
+        if out.device != self.device or out.data_ptr() != tensor.data_ptr():  # a copy would not be a view
+            raise FrugalError(f"could not map host memory into {self.device} (got a tensor on {out.device})")
+        return out
+
+    @property
+    def registered(self) -> bool:
+        return self._finalizer.alive
+
+    def close(self) -> None:
+        """Unregister now (before the segment may be unmapped); idempotent."""
+        self._finalizer()
+
+
+class HostTables:
+    """Row reads and writes of the shared host tables as seen from one device.
+
+    ``tables`` are views into one shared segment (``base``, the segment's whole byte range, for
+    registration). Reads run on the caller's current stream; writes on whatever stream is
+    current (the engine's flush side stream) and are complete in host memory once a marker taken
+    after them is reached. Reads are issued by one thread at a time, writes likewise.
+    """
+
+    def __init__(
+        self,
+        tables: Dict[str, torch.Tensor],
+        base: torch.Tensor,
+        device: torch.device,
+        requested: str,
+        segment: object,
+    ) -> None:
+        self.device = device
+        self.host = tables
+        self._reg: Optional[HostRegistration] = None
+        self._reg_error: Optional[BaseException] = None
+        # On CPU the device reads the tables in place: they are their own mapping.
+        self.mapped: Dict[str, torch.Tensor] = dict(tables) if device.type == "cpu" else {}
+        if device.type == "cuda" and requested != "pinned":
+            try:
+                self._reg = HostRegistration(base.data_ptr(), base.numel(), device, segment)
+                self.mapped = {k: self._reg.view(v) for k, v in tables.items()}
+            except (FrugalError, RuntimeError) as e:
+                if self._reg is not None:
+                    self._reg.close()
+                    self._reg = None
+                self._reg_error = e
+        try:
+            self.path = choose_host_path(requested, device, can_map=device.type == "cpu" or self._reg is not None)
+        except FrugalError as e:
+            raise FrugalError(f"{e}: {self._reg_error!r}") from self._reg_error
+        if self._reg_error is not None:  # auto fell back: say why, the pinned path is slower
+            warnings.warn(f"host tables not mapped into {device} ({self._reg_error}); using the pinned path")
+        pin = device.type == "cuda"
+        self._read_stage = {k: _Staging(v.shape[1], pin) for k, v in tables.items()}
+        self._write_stage = {k: _Staging(v.shape[1], pin) for k, v in tables.items()}
+
+    @property
+    def registered(self) -> bool:
+        return self._reg is not None and self._reg.registered
+
+    def read(self, name: str, rows: torch.Tensor, rows_on_device: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Rows ``rows`` (CPU int64) of table ``name`` as a new tensor on the device.
+
+        ``rows_on_device`` may pass the same indices already moved (the zero-copy gather reads
+        them on the device).
+        """
+        if self.path == "zero_copy":
+            idx = rows_on_device if rows_on_device is not None else rows.to(self.device, non_blocking=True)
+            return self.mapped[name].index_select(0, idx)
+        stage = self._read_stage[name]
+        buf = stage.take(rows.shape[0])
+        torch.index_select(self.host[name], 0, rows, out=buf)
+        out = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)
+        out.copy_(buf, non_blocking=True)
+        stage.busy = _mark(self.device)
+        return out
+
+    def write(self, name: str, rows: torch.Tensor, values: torch.Tensor, rows_on_device: Optional[torch.Tensor] = None) -> None:
+        """Write ``values`` (device) into rows ``rows`` (CPU int64) of host table ``name``.
+
+        Zero-copy: one scatter kernel on the current stream writes host memory directly; the
+        write is in host memory once a marker taken afterwards is reached. Pinned: an
+        asynchronous device-to-host copy into staging, then the host scatters (this waits for
+        the copy, not for the rest of the device's work).
+        """
+        if self.path == "zero_copy":
+            idx = rows_on_device if rows_on_device is not None else rows.to(self.device, non_blocking=True)
+            self.mapped[name].index_copy_(0, idx, values)
+            return
+        stage = self._write_stage[name]
+        buf = stage.take(rows.shape[0])
+        buf.copy_(values, non_blocking=True)
+        _mark(self.device).synchronize()
+        self.host[name].index_copy_(0, rows, buf)
+
+    def close(self) -> None:
+        """Drop the device views and unregister the host range (before it can be unmapped)."""
+        self.mapped = {}
+        if self._reg is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # no kernel may still touch the range
+            self._reg.close()
+
+
+def to_device(parts: Sequence[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
+    """Small CPU index tensors on ``device``: one transfer for all of them (none on CPU)."""
+    if device.type == "cpu":
+        return list(parts)
+    moved = torch.cat(list(parts)).to(device, non_blocking=True)
+    return list(moved.split([p.shape[0] for p in parts]))

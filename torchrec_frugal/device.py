@@ -133,8 +133,7 @@ class Streams:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.cuda = device.type == "cuda"
-        self.side_stream = torch.cuda.Stream(device=device) if self.cuda else None
+        self.side_stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     def mark(self) -> "torch.cuda.Event | _Reached":
         """A point on the current stream: every operation enqueued so far has run once it is reached."""

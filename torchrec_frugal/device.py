@@ -145,7 +145,8 @@ class Streams:
         if self.side_stream is None:
             yield
             return
-        self.side_stream.wait_event(after)  # type: ignore[arg-type]
+        if after is not REACHED:  # nothing recorded yet: nothing to wait for
+            self.side_stream.wait_event(after)  # type: ignore[arg-type]
         with torch.cuda.stream(self.side_stream):
             yield
 

@@ -1,0 +1,282 @@
+"""Frugal against stock TorchRec sharding on the knowledge-graph example: one command, same data.
+
+Every run is ``torchrun --nproc_per_node=N examples/graph/train.py ... --summary S.json`` in fresh
+processes. Two suites:
+
+``--suite speed`` (default): a synthetic Freebase-shaped graph (power-law entity degrees), the
+entity table sharded by each variant; triples/s is what train.py measures after its warm-up (all
+ranks together). Variants alternate within each repetition (round robin, start rotated by one per
+repetition) and the table reports medians over ``--repeats`` and ratios against the best stock
+sharding and against perfect scaling (W x one rank alone on its share of the batch):
+
+* ``frugal``      ``--sharder frugal`` (cache ratio 0.05, L = 10)
+* ``table_wise``  ``--sharder torchrec --sharding table_wise``
+* ``row_wise``    ``--sharder torchrec --sharding row_wise``
+* ``alone``       one process, ``--batch-size B/W`` (no communication): the upper bound
+
+``--suite accuracy``: the real KGs (UMLS and Kinships from the pykeen wheel) and each ``--models``;
+per pair, Frugal on W ranks, stock TorchRec table_wise on W ranks and one process, all with the
+same seed, steps and global batch; the table gives filtered MRR and Hits@k, and Frugal's MRR
+difference from the single process (acceptance: within 0.01). Exits 1 when a difference is larger.
+
+    python benchmarks/bench_graph.py --json benchmarks/results/graph_speed.json --plot benchmarks/results/graph
+    python benchmarks/bench_graph.py --suite accuracy --json benchmarks/results/graph_accuracy.json --plot benchmarks/results/graph
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    from torchrec_frugal.demo import TrainRunError, run_train
+except ImportError:  # not installed: use the checkout this script sits in
+    sys.path.insert(0, str(ROOT))
+    from torchrec_frugal.demo import TrainRunError, run_train
+
+TRAIN_PY = ROOT / "examples" / "graph" / "train.py"
+SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
+ACCURACY_DATASETS = ("umls", "kinships")
+# Settings per model for the small real KGs (global batch, 2 ranks divide it evenly).
+ACCURACY_ARGS: Dict[str, List[str]] = {
+    "complex": ["--dim", "400", "--regularization", "3e-3"],
+    "distmult": ["--dim", "400", "--regularization", "3e-3"],
+    "transe_l1": ["--dim", "400", "--gamma", "12", "--adversarial-temperature", "1"],
+}
+
+
+def _med(xs: Sequence[Optional[float]]) -> float:
+    vals = [x for x in xs if x is not None and x == x]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]:
+    """(name, ranks, train.py arguments) of each speed variant."""
+    common = [
+        "--dataset", "synthetic", "--synthetic-entities", str(args.entities), "--synthetic-triples", str(args.triples),
+        "--synthetic-relations", str(args.relations), "--model", args.model, "--dim", str(args.dim),
+        "--chunk-size", str(args.chunk_size), "--negatives", str(args.negatives), "--steps", str(args.steps),
+        "--eval-triples", str(args.eval_triples), "--seed", str(args.seed), "--log-every", "0",
+    ]  # fmt: skip
+    w, b = args.nproc, args.batch_size
+    table = {
+        "frugal": (w, ["--sharder", "frugal", "--batch-size", str(b)]),
+        "table_wise": (w, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b)]),
+        "row_wise": (w, ["--sharder", "torchrec", "--sharding", "row_wise", "--batch-size", str(b)]),
+        "alone": (1, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b // w)]),
+    }
+    return [(name, table[name][0], table[name][1] + common) for name in args.variants]
+
+
+def accuracy_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]:
+    out = []
+    for ds in args.datasets:
+        for model in args.models:
+            common = ["--dataset", ds, "--model", model, "--steps", str(args.accuracy_steps), "--batch-size", "512",
+                      "--chunk-size", "64", "--negatives", "64", "--seed", str(args.seed), "--log-every", "0",
+                      *ACCURACY_ARGS[model]]  # fmt: skip
+            out += [
+                (f"{ds}/{model}/frugal", args.nproc, ["--sharder", "frugal", *common]),
+                (f"{ds}/{model}/table_wise", args.nproc, ["--sharder", "torchrec", "--sharding", "table_wise", *common]),
+                (f"{ds}/{model}/single", 1, ["--sharder", "torchrec", "--sharding", "table_wise", *common]),
+            ]
+    return out
+
+
+def run_all(variants: List[Tuple[str, int, List[str]]], repeats: int, threads: int, timeout: float) -> List[Dict[str, Any]]:
+    from tqdm import tqdm
+
+    order = [(r, (r + k) % len(variants)) for r in range(repeats) for k in range(len(variants))]
+    runs: List[Dict[str, Any]] = []
+    bar = tqdm(order, unit="run", dynamic_ncols=True, desc="bench_graph")
+    for rep, vi in bar:
+        name, nproc, targs = variants[vi]
+        bar.set_postfix_str(f"r{rep} {name}")
+        rec: Dict[str, Any] = {"variant": name, "repeat": rep}
+        try:
+            s = run_train(TRAIN_PY, targs, nproc=nproc, threads=threads, timeout_s=timeout)
+            rec["summary"] = s
+            bar.write(f"r{rep} {name:<28} {s['samples_per_second']:>9,.0f} triples/s | loss {s['loss']:.4f} | "
+                      f"MRR {s['mrr']:.4f} | gate stall {100 * s['gate_stall_fraction']:.1f}%")  # fmt: skip
+        except TrainRunError as e:
+            rec["error"] = str(e)
+            bar.write(f"r{rep} {name}: FAILED {str(e)[:2000]}")
+        runs.append(rec)
+    bar.close()
+    return runs
+
+
+def medians(variants: List[Tuple[str, int, List[str]]], runs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, nproc, _ in variants:
+        rs = [r["summary"] for r in runs if r["variant"] == name and r.get("summary")]
+        keys = ("samples_per_second", "mrr", "hits_at_1", "hits_at_3", "hits_at_10", "loss", "gate_stall_fraction")
+        out[name] = {"runs": len(rs), "nproc": nproc, **{k: _med([s[k] for s in rs]) for k in keys}}
+        out[name]["samples_per_second_min"] = min((s["samples_per_second"] for s in rs), default=float("nan"))
+        out[name]["samples_per_second_max"] = max((s["samples_per_second"] for s in rs), default=float("nan"))
+        out[name]["command"] = rs[0]["command"] if rs else None
+    return out
+
+
+def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
+    stock = [v for v in ("table_wise", "row_wise") if med.get(v, {}).get("runs")]
+    best = max(stock, key=lambda v: med[v]["samples_per_second"]) if stock else None
+    perfect = nproc * med["alone"]["samples_per_second"] if med.get("alone", {}).get("runs") else None
+    # paired ratio: frugal / best stock within each repetition, then the median
+    by_rep: Dict[int, Dict[str, float]] = {}
+    for r in runs:
+        if r.get("summary"):
+            by_rep.setdefault(r["repeat"], {})[r["variant"]] = r["summary"]["samples_per_second"]
+    paired = [d["frugal"] / max(d[v] for v in stock if v in d) for d in by_rep.values()
+              if "frugal" in d and any(v in d for v in stock)]  # fmt: skip
+    lines = ["| variant | ranks | triples/s (median) | min-max | vs best stock | vs perfect scaling | gate stall |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, o in med.items():
+        vs_best = o["samples_per_second"] / med[best]["samples_per_second"] if best else None
+        vs_perfect = o["samples_per_second"] / perfect if perfect and name != "alone" else None
+        lines.append(
+            f"| {name} | {o['nproc']} | {o['samples_per_second']:,.0f} | {o['samples_per_second_min']:,.0f}-"
+            f"{o['samples_per_second_max']:,.0f} | {'-' if vs_best is None else f'{vs_best:.2f}x'} | "
+            f"{'-' if vs_perfect is None else f'{vs_perfect:.2f}'} | {100 * o['gate_stall_fraction']:.1f}% |"
+        )
+    facts = {"best_stock": best, "perfect_scaling": perfect, "frugal_vs_best_stock_paired": _med(paired) if paired else None}
+    if paired:
+        lines.append(f"\nFrugal / best stock ({best}), median of per-repetition ratios: {_med(paired):.2f}x")
+    return "\n".join(lines), facts
+
+
+def accuracy_table(med: Dict[str, Dict[str, Any]], tolerance: float) -> Tuple[str, bool]:
+    lines = ["| dataset | model | run | ranks | MRR | Hits@1 | Hits@3 | Hits@10 | MRR - single |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    ok = True
+    for name, o in med.items():
+        ds, model, run = name.split("/")
+        single = med.get(f"{ds}/{model}/single", {}).get("mrr")
+        diff = o["mrr"] - single if single is not None and run != "single" else None
+        if run == "frugal" and (diff is None or abs(diff) > tolerance):
+            ok = False
+        lines.append(f"| {ds} | {model} | {run} | {o['nproc']} | {o['mrr']:.4f} | {o['hits_at_1']:.4f} | "
+                     f"{o['hits_at_3']:.4f} | {o['hits_at_10']:.4f} | {'-' if diff is None else f'{diff:+.4f}'} |")  # fmt: skip
+    lines.append(f"\nFrugal within {tolerance} MRR of the single process on every pair: {'PASS' if ok else 'FAIL'}")
+    return "\n".join(lines), ok
+
+
+def plot(result: Dict[str, Any], prefix: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med = result["medians"]
+    names = list(med)
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(names) + 2), 4))
+    if result["suite"] == "speed":
+        vals = [med[n]["samples_per_second"] for n in names]
+        err = [[v - med[n]["samples_per_second_min"] for n, v in zip(names, vals)],
+               [med[n]["samples_per_second_max"] - v for n, v in zip(names, vals)]]  # fmt: skip
+        colors = ["tab:green" if n == "frugal" else "tab:gray" if n == "alone" else "tab:blue" for n in names]
+        ax.bar(names, vals, yerr=err, color=colors, capsize=4)
+        perfect = result["facts"].get("perfect_scaling")
+        if perfect:
+            ax.axhline(perfect, color="k", ls="--", lw=1, label=f"perfect scaling ({result['config']['nproc']} x alone)")
+            ax.legend()
+        ax.set_ylabel("triples/s (median)")
+        out = prefix.with_name(prefix.name + "_throughput.png")
+    else:
+        vals = [med[n]["mrr"] for n in names]
+        colors = ["tab:green" if n.endswith("frugal") else "tab:gray" if n.endswith("single") else "tab:blue" for n in names]
+        ax.bar(range(len(names)), vals, color=colors)
+        ax.set_xticks(range(len(names)), [n.replace("/", "\n") for n in names], fontsize=7)
+        ax.set_ylabel("filtered MRR (test)")
+        ax.set_ylim(0, 1)
+        out = prefix.with_name(prefix.name + "_accuracy.png")
+    ax.set_title(result["headline"], fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=("speed", "accuracy"), default="speed")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores // nproc)")
+    ap.add_argument("--repeats", type=int, default=None, help="default: 3 (speed), 1 (accuracy)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
+    ap.add_argument("--variants", nargs="+", choices=SPEED_VARIANTS, default=list(SPEED_VARIANTS))
+    ap.add_argument("--entities", type=int, default=2_000_000)
+    ap.add_argument("--relations", type=int, default=1_000)
+    ap.add_argument("--triples", type=int, default=8_000_000)
+    ap.add_argument("--model", default="transe_l2", help="speed suite model")
+    ap.add_argument("--dim", type=int, default=400, help="speed suite (the paper's TransE dim)")
+    ap.add_argument("--batch-size", type=int, default=1024, help="speed suite, global")
+    ap.add_argument("--chunk-size", type=int, default=128)
+    ap.add_argument("--negatives", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--eval-triples", type=int, default=1000, help="speed suite: test triples ranked")
+    ap.add_argument("--datasets", nargs="+", choices=ACCURACY_DATASETS, default=list(ACCURACY_DATASETS))
+    ap.add_argument("--models", nargs="+", choices=sorted(ACCURACY_ARGS), default=sorted(ACCURACY_ARGS))
+    ap.add_argument("--accuracy-steps", type=int, default=1500)
+    ap.add_argument("--tolerance", type=float, default=0.01)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="PNG prefix")
+    args = ap.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 3 if args.suite == "speed" else 1
+    if args.threads is None:
+        args.threads = max(1, (os.cpu_count() or 1) // args.nproc)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    variants = speed_variants(args) if args.suite == "speed" else accuracy_variants(args)
+    t0 = time.perf_counter()
+    runs = run_all(variants, args.repeats, args.threads, args.timeout)
+    med = medians(variants, runs)
+    status = 0
+    facts: Dict[str, Any] = {}
+    if args.suite == "speed":
+        table, facts = speed_table(med, args.nproc, runs)
+        headline = (f"synthetic KG {args.entities:,} entities, {args.triples:,} triples, {args.model} dim {args.dim}, "
+                    f"batch {args.batch_size}; {args.nproc} ranks x {args.threads} thread(s), {args.repeats} repetition(s)")  # fmt: skip
+    else:
+        table, ok = accuracy_table(med, args.tolerance)
+        status = 0 if ok else 1
+        headline = f"{', '.join(args.datasets)}: {args.accuracy_steps} steps, {args.nproc} ranks vs one process, seed {args.seed}"
+    failed = [r for r in runs if r.get("error")]
+    if failed:
+        table += f"\n\n{len(failed)} run(s) failed (errors in the JSON)"
+        status = 2
+    print(f"\n{headline}; {os.cpu_count()} CPUs; {time.perf_counter() - t0:.0f} s\n\n{table}")
+    result = {
+        "suite": args.suite,
+        "headline": headline,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "runs": runs,
+        "medians": med,
+        "facts": facts,
+        "table_markdown": table,
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"[bench_graph] wrote {args.json}")
+    if args.plot:
+        print(f"[bench_graph] wrote {plot(result, args.plot)}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

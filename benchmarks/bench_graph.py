@@ -63,7 +63,7 @@ def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]
         "--dataset", "synthetic", "--synthetic-entities", str(args.entities), "--synthetic-triples", str(args.triples),
         "--synthetic-relations", str(args.relations), "--model", args.model, "--dim", str(args.dim),
         "--chunk-size", str(args.chunk_size), "--negatives", str(args.negatives), "--steps", str(args.steps),
-        "--eval-triples", str(args.eval_triples), "--seed", str(args.seed), "--log-every", "0",
+        "--seed", str(args.seed), "--log-every", "0", "--no-eval",
     ]  # fmt: skip
     w, b = args.nproc, args.batch_size
     table = {
@@ -103,8 +103,9 @@ def run_all(variants: List[Tuple[str, int, List[str]]], repeats: int, threads: i
         try:
             s = run_train(TRAIN_PY, targs, nproc=nproc, threads=threads, timeout_s=timeout)
             rec["summary"] = s
-            bar.write(f"r{rep} {name:<28} {s['samples_per_second']:>9,.0f} triples/s | loss {s['loss']:.4f} | "
-                      f"MRR {s['mrr']:.4f} | gate stall {100 * s['gate_stall_fraction']:.1f}%")  # fmt: skip
+            mrr = "" if s["mrr"] is None else f" | MRR {s['mrr']:.4f}"
+            bar.write(f"r{rep} {name:<28} {s['samples_per_second']:>9,.0f} triples/s | loss {s['loss']:.4f}{mrr} | "
+                      f"gate stall {100 * s['gate_stall_fraction']:.1f}% | {s['wall_s']:.0f} s wall")  # fmt: skip
         except TrainRunError as e:
             rec["error"] = str(e)
             bar.write(f"r{rep} {name}: FAILED {str(e)[:2000]}")
@@ -197,7 +198,7 @@ def plot(result: Dict[str, Any], prefix: Path) -> Path:
         ax.set_ylabel("filtered MRR (test)")
         ax.set_ylim(0, 1)
         out = prefix.with_name(prefix.name + "_accuracy.png")
-    ax.set_title(result["headline"], fontsize=9)
+    ax.set_title(result["headline"].replace("; ", "\n"), fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -223,7 +224,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--chunk-size", type=int, default=128)
     ap.add_argument("--negatives", type=int, default=128)
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--eval-triples", type=int, default=1000, help="speed suite: test triples ranked")
     ap.add_argument("--datasets", nargs="+", choices=ACCURACY_DATASETS, default=list(ACCURACY_DATASETS))
     ap.add_argument("--models", nargs="+", choices=sorted(ACCURACY_ARGS), default=sorted(ACCURACY_ARGS))
     ap.add_argument("--accuracy-steps", type=int, default=1500)

@@ -347,7 +347,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     tail = losses[-min(len(losses), 100):]
     loss_all = _gather_cat(torch.stack(tail).mean().reshape(1), device)
 
-    entities = full_entity_table(dmp)
+    need_tables = not args.no_eval or args.save_entities
+    entities = full_entity_table(dmp) if need_tables else torch.empty(0)
     relations = model.relations.weight.detach().float().cpu().clone()
     metrics: Dict[str, Any] = {k: None for k in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10", "mean_rank", "count")}
     eval_s = 0.0

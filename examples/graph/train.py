@@ -149,8 +149,11 @@ def full_entity_table(dmp: nn.Module) -> torch.Tensor:
         r0, c0 = (int(x) for x in s.metadata.shard_offsets)
         rows, cols = (int(x) for x in s.metadata.shard_sizes)
         full[r0 : r0 + rows, c0 : c0 + cols] = s.tensor.detach().float().cpu()
-    dist.all_reduce(full)  # each element is held by exactly one shard
-    return full
+    # each element is held by exactly one shard; NCCL reduces device tensors only
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    full = full.to(on)
+    dist.all_reduce(full)
+    return full.cpu()
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -166,15 +169,19 @@ def evaluate(
 ) -> Dict[str, float]:
     """Filtered ranking metrics of ``triples``; the ranks split the triples and pool the ranks."""
     mine = triples[rank::world]
+    device = entities.device
+    tail, head = torch.ones((), device=device), -torch.ones((), device=device)
 
     def score_tails(h: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        return score_all(cfg, query(cfg, entities[h], relations[r], torch.ones(())), entities)
+        h, r = h.to(device), r.to(device)
+        return score_all(cfg, query(cfg, entities.index_select(0, h), relations.index_select(0, r), tail), entities)
 
     def score_heads(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return score_all(cfg, query(cfg, entities[t], relations[r], -torch.ones(())), entities)
+        r, t = r.to(device), t.to(device)
+        return score_all(cfg, query(cfg, entities.index_select(0, t), relations.index_select(0, r), head), entities)
 
     with torch.no_grad():
-        ranks = filtered_ranks(score_tails, score_heads, mine, ranker, batch_size=batch_size)
+        ranks = filtered_ranks(score_tails, score_heads, mine, ranker.to(device), batch_size=batch_size)
     gathered: List[Any] = [None] * world
     dist.all_gather_object(gathered, ranks.cpu())
     return ranking_metrics(torch.cat([g for g in gathered if g is not None]))
@@ -357,7 +364,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         split = data.test if args.eval_split == "test" else data.valid
         if args.eval_triples:
             split = split[: args.eval_triples]
-        metrics = evaluate(cfg, entities, relations, split, FilteredRanker(data.known, data.num_entities), rank, world, args.eval_batch)
+        ranker = FilteredRanker(data.known, data.num_entities)
+        metrics = evaluate(cfg, entities.to(device), relations.to(device), split, ranker, rank, world, args.eval_batch)
         eval_s = time.perf_counter() - t_eval
 
     elapsed_s = float(elapsed_all.max())

@@ -92,6 +92,15 @@ class FrugalTable:
 
 
 @dataclass
+class _AnnouncedBatch:
+    """A future batch as announced: its ids (CPU) and the (rows, inverse) of each group."""
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+    group_rows: List[Tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
 class _GroupBatch:
     """One engine's share of a batch: its unique fused rows and how the values map onto them."""
 
@@ -337,23 +346,28 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         )
         # Leaf that makes the lookup's output require grad, so backward reaches the engines.
         self._anchor = torch.zeros(0, requires_grad=True)
+        # Per announced future batch (aligned with each group's announced rows): its ids and the
+        # (rows, inverse) computed when it was announced, reused by its forward if the ids match.
+        self._announced_batches: Deque[Optional[_AnnouncedBatch]] = deque()
+        self._last_lookahead: Optional[_AnnouncedBatch] = None
 
     @property
     def feature_names(self) -> List[str]:
         return self._feature_names
 
     # ------------------------------------------------------------------ rows of a batch
-    def _group_batches(self, features: KeyedJaggedTensor, for_compute: bool) -> List[_GroupBatch]:
+    def _check_layout(self, features: KeyedJaggedTensor) -> None:
         keys = features.keys()
         if keys != self._feature_names:
             raise FrugalInputError(f"frugal lookup expects features {self._feature_names}, got {keys}")
         if features.variable_stride_per_key():
             raise FrugalInputError("frugal sharding does not support variable batch size per feature")
-        values, lengths = features.values(), features.lengths()
-        stride = features.stride()
-        opk = features.offset_per_key()
-        kjt_weights = features.weights_or_none() if self._pooled else None
-        batches = []
+
+    def _group_rows(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per group, the batch's unique fused rows (ids validated) and each value's index into them."""
+        self._check_layout(features)
+        values, keys, opk = features.values(), features.keys(), features.offset_per_key()
+        out = []
         for g, positions in zip(self.groups, self._positions):
             parts = []
             for p in positions:
@@ -362,9 +376,29 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                 except FrugalInputError as e:
                     raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
             rows, inverse = torch.unique(torch.cat(parts), return_inverse=True)
-            if not for_compute:
-                batches.append(_GroupBatch(rows, inverse, lengths, None))
-                continue
+            out.append((rows, inverse))
+        return out
+
+    def _rows_for_forward(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """The rows of the batch announced for this step if ``features`` are that batch's ids (no
+        second validation and unique), else computed afresh (and then checked against it)."""
+        self._check_layout(features)
+        ahead = self._announced_batches[0] if self._announced_batches else None
+        if (
+            ahead is not None
+            and torch.equal(ahead.lengths, features.lengths().cpu())
+            and torch.equal(ahead.values, features.values().cpu())
+        ):
+            return ahead.group_rows
+        return self._group_rows(features)
+
+    def _group_batches(self, features: KeyedJaggedTensor, group_rows: List[Tuple[torch.Tensor, torch.Tensor]]) -> List[_GroupBatch]:
+        lengths = features.lengths()
+        stride = features.stride()
+        opk = features.offset_per_key()
+        kjt_weights = features.weights_or_none() if self._pooled else None
+        batches = []
+        for (rows, inverse), positions in zip(group_rows, self._positions):
             g_lengths = torch.cat([lengths[p * stride : (p + 1) * stride] for p in positions])
             weights = None
             if self._pooled:
@@ -381,11 +415,16 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     def lookahead_rows(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Each group's rows for ``features`` (validated), as the forward of that batch steps on."""
-        return [b.rows for b in self._group_batches(features, for_compute=False)]
+        group_rows = self._group_rows(features)
+        self._last_lookahead = _AnnouncedBatch(features.values().cpu(), features.lengths().cpu(), group_rows)
+        return [rows for rows, _ in group_rows]
 
     def announce(self, rows: List[torch.Tensor]) -> None:
         for g, r in zip(self.groups, rows):
             g.announce(r)
+        last, self._last_lookahead = self._last_lookahead, None
+        same = last is not None and all(a is b for (a, _), b in zip(last.group_rows, rows))
+        self._announced_batches.append(last if same else None)
 
     def lookahead_capacity(self) -> int:
         """How many more future steps the engines accept now."""
@@ -396,7 +435,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        batches = self._group_batches(sparse_features, for_compute=True)
+        batches = self._group_batches(sparse_features, self._rows_for_forward(sparse_features))
         groups = list(self.groups)
         for g in groups:
             if g._open is not None:
@@ -405,6 +444,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             g.check_announced(b.rows, feats)
         for g, b in zip(groups, batches):
             g.begin(b.rows)
+        if self._announced_batches:  # the step took its announced batch off every group
+            self._announced_batches.popleft()
         if torch.is_grad_enabled():
             weights = _FrugalRowsFunction.apply(self._anchor, _FrugalStep(groups, batches))
         else:

@@ -19,7 +19,8 @@ scaling" means W ranks each as fast as one rank alone with the same share of the
 
 Ablations (``--ablation``, any of): ``write_through`` (frugal with L = 0: every update reaches host
 before the next step), ``heap`` (frugal with the binary-heap queue; needs train.py's ``--queue``),
-``lookahead`` (L in 0 2 5 10 14), ``cache`` (cache ratio 0.01 0.05 0.1), ``batch`` (the four
+``lookahead`` (L in 0 2 5 10 14), ``cache`` (cache ratio 0.01 0.05 0.1), ``flush_workers`` (0 or 2
+background flusher threads per rank instead of 1), ``batch`` (the four
 variants at batch 128 and 1024 per rank), ``all``.
 
     python benchmarks/bench_dlrm.py --json benchmarks/results/dlrm.json
@@ -53,11 +54,12 @@ except ImportError:  # not installed: use the checkout this script sits in
 
 MAIN_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 STOCK = ("table_wise", "row_wise")
-ABLATIONS = ("write_through", "heap", "lookahead", "cache", "batch")
+ABLATIONS = ("write_through", "heap", "lookahead", "cache", "flush_workers", "batch")
 LOOKAHEADS = (0, 2, 5, 10, 14)
 CACHE_RATIOS = (0.01, 0.05, 0.1)
 BATCHES = (128, 1024)
-DEFAULT_L, DEFAULT_CACHE = 10, 0.05
+FLUSH_WORKERS = (0, 2)
+DEFAULT_L, DEFAULT_CACHE, DEFAULT_FLUSHERS = 10, 0.05, 1
 
 
 def default_steps(batch: int, convergence: bool = False) -> int:
@@ -73,7 +75,7 @@ def variant(vid: str, label: str, kind: str, batch: int, nproc: int, args: List[
 
 
 def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: float = DEFAULT_CACHE,
-                   queue: str = "two_level", suffix: str = "") -> Dict[str, Any]:  # fmt: skip
+                   queue: str = "two_level", flushers: int = DEFAULT_FLUSHERS, suffix: str = "") -> Dict[str, Any]:  # fmt: skip
     parts = []
     if lookahead != DEFAULT_L:
         parts.append(f"L{lookahead}")
@@ -81,14 +83,20 @@ def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: fl
         parts.append(f"c{cache:g}")
     if queue != "two_level":
         parts.append(queue)
+    if flushers != DEFAULT_FLUSHERS:
+        parts.append(f"fw{flushers}")
     vid = "_".join(["frugal"] + parts) + suffix
-    label = f"frugal (cache {cache:g}, L={lookahead}" + (", heap queue" if queue == "heap" else "") + ")"
+    label = (f"frugal (cache {cache:g}, L={lookahead}" + (", heap queue" if queue == "heap" else "")
+             + (f", {flushers} flusher threads" if flushers != DEFAULT_FLUSHERS else "") + ")")  # fmt: skip
     if lookahead == 0:
         label += " write-through"
     args = ["--sharder", "frugal", "--cache-ratio", f"{cache:g}", "--lookahead", str(lookahead)]
     if queue != "two_level":
         args += ["--queue", queue]
-    return variant(vid, label, "frugal", batch, world, args, lookahead=lookahead, cache_ratio=cache, queue=queue)
+    if flushers != DEFAULT_FLUSHERS:
+        args += ["--flush-workers", str(flushers)]
+    return variant(vid, label, "frugal", batch, world, args, lookahead=lookahead, cache_ratio=cache, queue=queue,
+                   flush_workers=flushers)  # fmt: skip
 
 
 def main_variants(names: Sequence[str], batch: int, world: int, suffix: str) -> List[Dict[str, Any]]:
@@ -143,6 +151,9 @@ def build_plan(args: argparse.Namespace, train_py: Path) -> tuple[List[Dict[str,
         if "cache" in abl:
             for c in CACHE_RATIOS:
                 add(frugal_variant(B, W, cache=c), "cache")
+        if "flush_workers" in abl:
+            for fw in FLUSH_WORKERS:
+                add(frugal_variant(B, W, flushers=fw), "flush_workers")
         if "batch" in abl:
             for b in BATCHES:
                 for v in main_variants(MAIN_VARIANTS, b, W, "" if b == B else f"@b{b}"):
@@ -189,7 +200,7 @@ def summarize(variants: List[Dict[str, Any]], runs: List[Dict[str, Any]], world:
         out[v["id"]] = {
             "label": v["label"], "kind": v["kind"], "batch_size": v["batch_size"], "nproc": v["nproc"],
             "ablations": v["ablations"], "lookahead": v.get("lookahead"), "cache_ratio": v.get("cache_ratio"),
-            "queue": v.get("queue"), "runs": len(rs),
+            "queue": v.get("queue"), "flush_workers": v.get("flush_workers"), "runs": len(rs),
             "samples_per_second": _med(sps),
             "samples_per_second_min": min(sps) if sps else float("nan"),
             "samples_per_second_max": max(sps) if sps else float("nan"),
@@ -242,7 +253,8 @@ def _pct(v: Optional[float]) -> str:
 
 
 def is_default_frugal(o: Dict[str, Any]) -> bool:
-    return o["kind"] == "frugal" and o["lookahead"] == DEFAULT_L and o["cache_ratio"] == DEFAULT_CACHE and o["queue"] == "two_level"
+    return (o["kind"] == "frugal" and o["lookahead"] == DEFAULT_L and o["cache_ratio"] == DEFAULT_CACHE
+            and o["queue"] == "two_level" and o.get("flush_workers", DEFAULT_FLUSHERS) == DEFAULT_FLUSHERS)  # fmt: skip
 
 
 def markdown_tables(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any]], world: int) -> str:
@@ -276,7 +288,7 @@ def markdown_tables(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any
     for tag in tags:
         b0 = variants[0]["batch_size"]  # the main batch size: the single-knob ablations run there
         ids = [v["id"] for v in variants if v["batch_size"] == b0 and (tag in v["ablations"] or is_default_frugal(med[v["id"]]))]
-        ids = sorted(ids, key=lambda i: (med[i]["lookahead"], med[i]["cache_ratio"], med[i]["queue"]))
+        ids = sorted(ids, key=lambda i: (med[i]["lookahead"], med[i]["cache_ratio"], med[i]["queue"], med[i]["flush_workers"]))
         lines += [f"\nablation `{tag}` (batch {med[ids[0]]['batch_size']} per rank):\n",
                   "| variant | L | cache ratio | queue | samples/s (median) | min-max | vs frugal L=10 (paired) "
                   "| vs best stock | vs perfect scaling | gate stall | cache hits | rows flushed/step | AUC |",

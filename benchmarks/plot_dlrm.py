@@ -24,7 +24,8 @@ COLORS = {"frugal": "tab:green", "torchrec": "tab:blue", "alone": "tab:gray"}
 
 
 def _is_default_frugal(o: Dict[str, Any]) -> bool:
-    return o["kind"] == "frugal" and o["lookahead"] == 10 and o["cache_ratio"] == 0.05 and o["queue"] == "two_level"
+    return (o["kind"] == "frugal" and o["lookahead"] == 10 and o["cache_ratio"] == 0.05 and o["queue"] == "two_level"
+            and o.get("flush_workers", 1) == 1)  # fmt: skip
 
 
 def _err(os_: List[Dict[str, Any]]) -> List[List[float]]:
@@ -95,8 +96,8 @@ def plot_ablations(data: Dict[str, Any], png: Path) -> bool:
         if any(tag in v["ablations"] for v in variants):
             panels.append((tag, ids))
     bar_ids = [v["id"] for v in variants if v["batch_size"] == b0 and med[v["id"]]["runs"] and (
-        _is_default_frugal(med[v["id"]]) or "write_through" in v["ablations"] or "heap" in v["ablations"])]  # fmt: skip
-    if any(t in v["ablations"] for v in variants for t in ("write_through", "heap")):
+        _is_default_frugal(med[v["id"]]) or any(t in v["ablations"] for t in ("write_through", "heap", "flush_workers")))]  # fmt: skip
+    if any(t in v["ablations"] for v in variants for t in ("write_through", "heap", "flush_workers")):
         panels.append(("bars", bar_ids))
     if not panels or ref is None:
         return False
@@ -109,7 +110,7 @@ def plot_ablations(data: Dict[str, Any], png: Path) -> bool:
                 ax.text(k, o["samples_per_second_max"], f"{o['samples_per_second']:,.0f}\ngate {100 * o['gate_stall_fraction']:.1f}%",
                         ha="center", va="bottom", fontsize=8)
             ax.set_xticks(range(len(os_)), [o["label"].replace(" (", "\n(") for o in os_], fontsize=8)
-            ax.set_title("proactive flush vs write-through / heap queue")
+            ax.set_title("proactive flush vs write-through / heap queue / flusher threads")
         else:
             key = "lookahead" if tag == "lookahead" else "cache_ratio"
             os_ = sorted((med[i] for i in ids), key=lambda o: o[key])

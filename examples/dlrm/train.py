@@ -357,7 +357,7 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def _gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """All ranks' equal-shaped ``t``, concatenated (collective)."""
     t = t.to(device)
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -473,17 +473,17 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     timed_steps = steps_done - args.warmup
     elapsed = torch.tensor([t_end - (t_timed if t_timed is not None else t_start)], dtype=torch.float64)
     gate = torch.tensor([stats.gate_wait_s - (gate_before if t_timed is not None else 0.0)], dtype=torch.float64)
-    el_all = _gather_cat(elapsed, device)
-    gate_all = _gather_cat(gate, device)
+    el_all = gather_cat(elapsed, device)
+    gate_all = gather_cat(gate, device)
     exchange = torch.tensor([stats.exchange_wait_s - (exchange_before if t_timed is not None else 0.0)], dtype=torch.float64)
-    exchange_all = _gather_cat(exchange, device)
+    exchange_all = gather_cat(exchange, device)
     elapsed_s = float(el_all.max())
-    loss_all = _gather_cat(torch.stack(losses).mean().reshape(1), device)
+    loss_all = gather_cat(torch.stack(losses).mean().reshape(1), device)
     k = len(logit_buf)
-    auc = _auc(_gather_cat(torch.cat(logit_buf[-k:]), device), _gather_cat(torch.cat(label_buf[-k:]), device))
+    auc = _auc(gather_cat(torch.cat(logit_buf[-k:]), device), gather_cat(torch.cat(label_buf[-k:]), device))
     first = first_logits if first_logits else logit_buf[: max(1, k // 4)]
     first_lab = first_labels if first_labels else label_buf[: max(1, k // 4)]
-    auc_first = _auc(_gather_cat(torch.cat(first), device), _gather_cat(torch.cat(first_lab), device))
+    auc_first = _auc(gather_cat(torch.cat(first), device), gather_cat(torch.cat(first_lab), device))
     summary: Dict[str, Any] = {
         "sharder": args.sharder,
         "sharding": args.sharding if args.sharder == "torchrec" else "frugal",
@@ -510,11 +510,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "auc_window_steps": k,
         "gate_stall_fraction": float((gate_all / el_all).mean()) if stats.engines else 0.0,
         "setup_s": setup_s,
-        "peak_rss_mib_per_rank": [float(x) for x in _gather_cat(torch.tensor([_peak_rss_mib()], dtype=torch.float64), device)],
+        "peak_rss_mib_per_rank": [float(x) for x in gather_cat(torch.tensor([_peak_rss_mib()], dtype=torch.float64), device)],
         "frugal": None,
     }
     if stats.engines:
-        agg = _gather_cat(
+        agg = gather_cat(
             torch.tensor([stats.lookups, stats.cache_hits, stats.rows_flushed, stats.bytes_flushed], dtype=torch.float64),
             device,
         ).reshape(world, 4).sum(0)

@@ -50,7 +50,7 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from examples.dlrm.train import FrugalStats, _gather_cat, init_distributed, topology
+from examples.dlrm.train import FrugalStats, gather_cat, init_distributed, topology
 from examples.graph.data import DATASETS, KGData, load_dataset
 from examples.graph.evaluate import FilteredRanker, filtered_ranks, ranking_metrics
 from examples.graph.models import (
@@ -349,10 +349,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
     timed_steps = args.steps - args.warmup
     assert t_timed is not None
-    elapsed_all = _gather_cat(torch.tensor([t_end - t_timed], dtype=torch.float64), device)
-    gate_all = _gather_cat(torch.tensor([stats.gate_wait_s - gate_before], dtype=torch.float64), device)
+    elapsed_all = gather_cat(torch.tensor([t_end - t_timed], dtype=torch.float64), device)
+    gate_all = gather_cat(torch.tensor([stats.gate_wait_s - gate_before], dtype=torch.float64), device)
     tail = losses[-min(len(losses), 100):]
-    loss_all = _gather_cat(torch.stack(tail).mean().reshape(1), device)
+    loss_all = gather_cat(torch.stack(tail).mean().reshape(1), device)
 
     need_tables = not args.no_eval or args.save_entities
     entities = full_entity_table(dmp) if need_tables else torch.empty(0)

@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_queue.py
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_dlrm.py
+	$(PY) benchmarks/bench_graph.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -45,7 +45,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingEnv, ShardingType
@@ -54,6 +54,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from examples.common import FrugalStats, check_steps, gather_cat, init_distributed, progress_bar, topology, write_summary
 from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
 from examples.dlrm.data import (
     SyntheticClickData,
@@ -127,10 +128,6 @@ def fused_params(cfg: RunConfig) -> Dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": cfg.embedding_lr, "eps": 1e-8}
 
 
-def topology(world: int, local_world: int, device: torch.device) -> Topology:
-    return Topology(world_size=world, local_world_size=local_world, compute_device=device.type)
-
-
 def torchrec_sharding(
     args: argparse.Namespace, cfg: RunConfig, model: nn.Module, device: torch.device, pg: dist.ProcessGroup
 ) -> Tuple[nn.Module, Any]:
@@ -188,54 +185,6 @@ def make_pipeline(args: argparse.Namespace, cfg: RunConfig, model: nn.Module, op
     return TrainPipelineSparseDist(model, opt, device)
 
 
-# ---------------------------------------------------------------------------- Frugal statistics
-class FrugalStats:
-    """Per-step gate waits, cache hits and flushes of this rank's Frugal engines (empty for stock)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.engines: List[Any] = []
-        self._seen: Dict[int, int] = {}
-        self.reset()
-        if not any(type(m).__module__.startswith("torchrec_frugal") for m in model.modules()):
-            return
-        from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection, FrugalShardedEmbeddingCollection
-
-        for m in model.modules():
-            if isinstance(m, (FrugalShardedEmbeddingBagCollection, FrugalShardedEmbeddingCollection)):
-                for lookup in m.frugal_lookups():
-                    self.engines.extend(g.engine for g in lookup.groups)
-
-    def reset(self) -> None:
-        self.gate_wait_s = 0.0
-        self.exchange_wait_s = 0.0
-        self.lookups = 0
-        self.cache_hits = 0
-        self.rows_flushed = 0
-        self.bytes_flushed = 0
-        self.pending_rows = 0
-        self.steps = 0
-
-    def record(self) -> None:
-        """Add the metrics of each engine's latest step (once per step)."""
-        for i, e in enumerate(self.engines):
-            m = e.last_metrics
-            if m is None or self._seen.get(i) == m.step:
-                continue
-            self._seen[i] = m.step
-            self.gate_wait_s += m.gate_wait_s
-            self.exchange_wait_s += m.exchange_wait_s
-            self.lookups += m.lookups
-            self.cache_hits += m.cache_hits
-            self.rows_flushed += m.rows_flushed
-            self.bytes_flushed += m.bytes_flushed
-            self.pending_rows = m.pending_rows
-            self.steps += 1 if i == 0 else 0
-
-    @property
-    def cache_hit_ratio(self) -> float:
-        return self.cache_hits / self.lookups if self.lookups else 0.0
-
-
 # ---------------------------------------------------------------------------- data
 def data_iterator(
     args: argparse.Namespace, cfg: RunConfig, rows: Sequence[int], rank: int, world: int
@@ -289,12 +238,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.data != "synthetic" and not args.data_path:
         p.error(f"--data {args.data} needs --data-path")
-    if args.steps < 1:
-        p.error("--steps must be >= 1")
-    if args.warmup is None:
-        args.warmup = min(20, args.steps // 5)
-    if not 0 <= args.warmup < args.steps:
-        p.error("--warmup must be in [0, steps)")
+    check_steps(p, args)
     return args
 
 
@@ -314,34 +258,6 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     )
 
 
-def init_distributed() -> Tuple[int, int, int, int, torch.device, str]:
-    """(rank, world, local_rank, local_world, device, backend) from torchrun's environment."""
-    if "RANK" not in os.environ:  # plain `python train.py`: one rank
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if torch.cuda.is_available():
-        device = torch.device(f"cuda:{local_rank}")
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
-    return rank, world, local_rank, local_world, device, backend
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _auc(logits: torch.Tensor, labels: torch.Tensor) -> float:
     from torchmetrics.functional.classification import binary_auroc
 
@@ -355,14 +271,6 @@ def _peak_rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-
-
-def gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """All ranks' equal-shaped ``t``, concatenated (collective)."""
-    t = t.to(device)
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return torch.cat(out).cpu()
 
 
 def train(args: argparse.Namespace) -> Dict[str, Any]:
@@ -408,11 +316,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     label_buf: List[torch.Tensor] = []
     first_logits: List[torch.Tensor] = []
     first_labels: List[torch.Tensor] = []
-    bar = None
-    if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=args.steps, desc=f"{args.sharder}", unit="step", dynamic_ncols=True, mininterval=1.0)
+    bar = progress_bar(rank, args)
 
     dist.barrier()
     t_start = t_last = time.perf_counter()
@@ -531,10 +435,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     summary["run_config"] = {k: v for k, v in asdict(cfg).items() if k != "dataset"}
     if rank == 0:
         print("[dlrm] " + json.dumps({k: summary[k] for k in ("sharder", "steps", "samples_per_second", "loss", "auc", "gate_stall_fraction")}), flush=True)
-        if args.summary:
-            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.summary, "w") as f:
-                json.dump(summary, f, indent=2)
+        write_summary(args.summary, summary)
     # Release the sharded model (Frugal engines close here) and every pending gloo/NCCL work
     # while the process group and the interpreter are fully alive.
     del pipeline, opt, dense_opt, dmp, model, stats, batches

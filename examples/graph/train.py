@@ -50,7 +50,7 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from examples.dlrm.train import FrugalStats, gather_cat, init_distributed, topology
+from examples.common import FrugalStats, check_steps, gather_cat, init_distributed, progress_bar, topology, write_summary
 from examples.graph.data import DATASETS, KGData, load_dataset
 from examples.graph.evaluate import FilteredRanker, filtered_ranks, ranking_metrics
 from examples.graph.models import (
@@ -117,17 +117,19 @@ def shard(
     return dmp, info
 
 
-def _entity_key(dmp: nn.Module) -> str:
-    keys = [k for k in dmp.state_dict().keys() if k.endswith(f"embeddings.{ENTITY_TABLE}.weight")]
+def entity_state(dmp: nn.Module) -> Any:
+    """The entity table's state_dict value (one collective state_dict: Frugal reads its tables)."""
+    state = dmp.state_dict()
+    keys = [k for k in state if k.endswith(f"embeddings.{ENTITY_TABLE}.weight")]
     if len(keys) != 1:
         raise RuntimeError(f"expected one entity table in the state_dict, found {keys}")
-    return keys[0]
+    return state[keys[0]]
 
 
 def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int) -> None:
     """Give stock-sharded entity shards the sharding-independent init (Frugal's engine already
     called the table's ``init_fn`` on the whole table; stock fused kernels draw their own)."""
-    value = dmp.state_dict()[_entity_key(dmp)]
+    value = entity_state(dmp)
     if isinstance(value, ShardedTensor):
         for s in value.local_shards():
             r0, c0 = (int(x) for x in s.metadata.shard_offsets)
@@ -141,7 +143,7 @@ def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int) -> None:
 
 def full_entity_table(dmp: nn.Module) -> torch.Tensor:
     """The whole entity table on every rank, from any sharding's state_dict (collective)."""
-    value = dmp.state_dict()[_entity_key(dmp)]
+    value = entity_state(dmp)
     if not isinstance(value, ShardedTensor):
         return value.detach().float().cpu().clone()
     full = torch.zeros(tuple(value.size()), dtype=torch.float32)
@@ -229,12 +231,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--save-entities", default=None, help="write the trained entity table here (rank 0, torch.save)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error("--steps must be >= 1")
-    if args.warmup is None:
-        args.warmup = min(20, args.steps // 5)
-    if not 0 <= args.warmup < args.steps:
-        p.error("--warmup must be in [0, steps)")
+    check_steps(p, args)
     if args.dataset == "tsv" and not args.data_path:
         p.error("--dataset tsv needs --data-path")
     return args
@@ -310,11 +307,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     setup_s = time.perf_counter() - t_setup
 
     batches = sampler.batches(rank, args.steps)
-    bar = None
-    if rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=args.steps, desc=f"{args.sharder}", unit="step", dynamic_ncols=True, mininterval=1.0)
+    bar = progress_bar(rank, args)
     losses: List[torch.Tensor] = []
     dist.barrier()
     t_start = t_last = time.perf_counter()
@@ -402,10 +395,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if rank == 0:
         keys = ("sharder", "dataset", "model", "steps", "samples_per_second", "loss", "mrr", "hits_at_10", "gate_stall_fraction")
         print("[graph] " + json.dumps({k: summary[k] for k in keys}), flush=True)
-        if args.summary:
-            Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.summary, "w") as f:
-                json.dump(summary, f, indent=2)
+        write_summary(args.summary, summary)
         if args.save_entities:
             Path(args.save_entities).parent.mkdir(parents=True, exist_ok=True)
             torch.save({"entities": entities, "relations": relations}, args.save_entities)

@@ -382,13 +382,13 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
     def _rows_for_forward(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """The rows of the batch announced for this step if ``features`` are that batch's ids (no
         second validation and unique), else computed afresh (and then checked against it)."""
-        self._check_layout(features)
         ahead = self._announced_batches[0] if self._announced_batches else None
         if (
             ahead is not None
             and torch.equal(ahead.lengths, features.lengths().cpu())
             and torch.equal(ahead.values, features.values().cpu())
         ):
+            self._check_layout(features)
             return ahead.group_rows
         return self._group_rows(features)
 
@@ -416,7 +416,10 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
     def lookahead_rows(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Each group's rows for ``features`` (validated), as the forward of that batch steps on."""
         group_rows = self._group_rows(features)
-        self._last_lookahead = _AnnouncedBatch(features.values().cpu(), features.lengths().cpu(), group_rows)
+        # Copies: a loader may refill its buffers before the announced step runs.
+        self._last_lookahead = _AnnouncedBatch(
+            features.values().to("cpu", copy=True), features.lengths().to("cpu", copy=True), group_rows
+        )
         return [rows for rows, _ in group_rows]
 
     def announce(self, rows: List[torch.Tensor]) -> None:

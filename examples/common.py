@@ -1,0 +1,127 @@
+"""What the example training scripts share: process-group set-up, planner topology, collective
+gathers, argument checks, progress and summary output, and the Frugal engines' statistics."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.planner import Topology
+
+
+def topology(world: int, local_world: int, device: torch.device) -> Topology:
+    return Topology(world_size=world, local_world_size=local_world, compute_device=device.type)
+
+
+def init_distributed() -> Tuple[int, int, int, int, torch.device, str]:
+    """(rank, world, local_rank, local_world, device, backend) from torchrun's environment."""
+    if "RANK" not in os.environ:  # plain `python train.py`: one rank
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if torch.cuda.is_available():
+        device = torch.device(f"cuda:{local_rank}")
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return rank, world, local_rank, local_world, device, backend
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """All ranks' equal-shaped ``t``, concatenated (collective)."""
+    t = t.to(device)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.cat(out).cpu()
+
+
+def check_steps(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Validate ``--steps`` and default ``--warmup`` to min(20, steps // 5)."""
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.warmup is None:
+        args.warmup = min(20, args.steps // 5)
+    if not 0 <= args.warmup < args.steps:
+        p.error("--warmup must be in [0, steps)")
+
+
+def progress_bar(rank: int, args: argparse.Namespace) -> Optional[Any]:
+    """A tqdm bar over ``--steps`` on rank 0, unless ``--no-progress``."""
+    if rank != 0 or args.no_progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=args.steps, desc=f"{args.sharder}", unit="step", dynamic_ncols=True, mininterval=1.0)
+
+
+def write_summary(path: Optional[str], summary: Dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+class FrugalStats:
+    """Per-step gate waits, cache hits and flushes of this rank's Frugal engines (empty for stock)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.engines: List[Any] = []
+        self._seen: Dict[int, int] = {}
+        self.reset()
+        if not any(type(m).__module__.startswith("torchrec_frugal") for m in model.modules()):
+            return
+        from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection, FrugalShardedEmbeddingCollection
+
+        for m in model.modules():
+            if isinstance(m, (FrugalShardedEmbeddingBagCollection, FrugalShardedEmbeddingCollection)):
+                for lookup in m.frugal_lookups():
+                    self.engines.extend(g.engine for g in lookup.groups)
+
+    def reset(self) -> None:
+        self.gate_wait_s = 0.0
+        self.exchange_wait_s = 0.0
+        self.lookups = 0
+        self.cache_hits = 0
+        self.rows_flushed = 0
+        self.bytes_flushed = 0
+        self.pending_rows = 0
+        self.steps = 0
+
+    def record(self) -> None:
+        """Add the metrics of each engine's latest step (once per step)."""
+        for i, e in enumerate(self.engines):
+            m = e.last_metrics
+            if m is None or self._seen.get(i) == m.step:
+                continue
+            self._seen[i] = m.step
+            self.gate_wait_s += m.gate_wait_s
+            self.exchange_wait_s += m.exchange_wait_s
+            self.lookups += m.lookups
+            self.cache_hits += m.cache_hits
+            self.rows_flushed += m.rows_flushed
+            self.bytes_flushed += m.bytes_flushed
+            self.pending_rows = m.pending_rows
+            self.steps += 1 if i == 0 else 0
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        return self.cache_hits / self.lookups if self.lookups else 0.0

@@ -6,6 +6,8 @@ this file on a GPU machine; without CUDA every test is skipped.
 """
 from __future__ import annotations
 
+from typing import Any, List
+
 import pytest
 import torch
 
@@ -13,7 +15,9 @@ import test_engine_exactness as exact
 from dist_harness import run_ranks
 from engine_reference import Scenario, run_scenarios
 from torchrec_frugal import shm
-from torchrec_frugal.device import HostTables, Streams
+from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
+from torchrec_frugal.device import HostRegistration, HostTables, Streams
+from torchrec_frugal.engine import FrugalEngine
 from torchrec_frugal.errors import FrugalError
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device_check.sh)")
@@ -68,9 +72,70 @@ def test_pinned_path_matches_and_auto_prefers_zero_copy() -> None:
 
 def test_zero_copy_required_but_unavailable_is_an_error() -> None:
     seg = _tables()
-    base = torch.empty(0, dtype=torch.uint8)  # nothing to register
-    with pytest.raises(FrugalError, match="cannot be mapped"):
+    base = torch.empty(0, dtype=torch.uint8)  # nothing to register: refused before any CUDA call
+    with pytest.raises(FrugalError, match="cannot be mapped.*empty or null"):
         HostTables({"weights": seg["weights"]}, base, torch.device("cuda", 0), "zero_copy", seg)
+
+
+class _RegisterTwice:
+    """torch.cuda.cudart() whose cudaHostRegister registers the range, then fails registering it again.
+
+    The second call fails inside CUDA (the range is already registered), past every range check:
+    the failure a real registration can meet, on demand. ``held`` lists the ranges left registered.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.held: List[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> Any:
+        assert int(self.real.cudaHostRegister(ptr, size, flags)) == 0
+        self.held.append(ptr)
+        return self.real.cudaHostRegister(ptr, size, flags)
+
+
+def test_failed_registration_leaves_cuda_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a cudaHostRegister that CUDA itself refused, the next allocation and kernel work, and
+    an engine with host_path="auto" trains on the pinned path, in the same process."""
+    dev = torch.device("cuda", 0)
+    real = torch.cuda.cudart()
+    seg = _tables()
+    held = HostRegistration(seg.base.data_ptr(), seg.base.numel(), dev, seg)
+    try:
+        with pytest.raises(FrugalError, match="cudaHostRegister of .* failed with CUDA error"):
+            HostRegistration(seg.base.data_ptr(), seg.base.numel(), dev, seg)
+        x = torch.randn(1 << 20, device=dev)  # the first allocation and kernels after the failure
+        assert float((x * 0).sum()) == 0.0
+    finally:
+        held.close()
+
+    twice = _RegisterTwice(real)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: twice)
+    with pytest.warns(UserWarning, match="using the pinned path"):
+        engine = FrugalEngine(
+            [TableSpec("t", 5000, 16)],
+            OptimizerSpec("sgd", lr=0.5),
+            FrugalConfig(lookahead=0, cache_ratio=0.1, host_path="auto"),
+            device=dev,
+        )
+    monkeypatch.undo()
+    for ptr in twice.held:  # the pinned path never uses the range the wrapper left registered
+        assert int(real.cudaHostUnregister(ptr)) == 0
+    try:
+        assert engine.host.path == "pinned" and not engine.host.registered
+        rows = torch.arange(0, 5000, 7)
+        before = engine.read_rows(rows)[0]
+        engine.begin_step(rows)
+        out = engine.lookup(rows)
+        assert out.device == dev and torch.equal(out.cpu(), before)
+        engine.apply_gradients(rows, torch.ones(rows.shape[0], 16, device=dev))
+        engine.flush()
+        assert torch.allclose(engine.read_rows(rows)[0], before - 0.5)
+    finally:
+        engine.close()
 
 
 def test_side_stream_waits_for_the_update_not_the_host() -> None:

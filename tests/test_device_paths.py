@@ -6,20 +6,27 @@ the pinned (staged) path with background flushes through dynamic slots.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Any, List, Optional, Tuple
+
 import numpy as np
 import pytest
 import torch
 
 from dist_harness import run_ranks
 from engine_reference import Scenario, run_scenario, run_scenarios
+from torchrec_frugal import device as device_mod
 from torchrec_frugal import shm
 from torchrec_frugal.config import FrugalConfig
 from torchrec_frugal.device import (
+    PAGE_BYTES,
     REACHED,
+    HostRegistration,
     HostTables,
     Streams,
     choose_host_path,
     plan_lookup,
+    registration_range,
     resolve_device,
     to_device,
 )
@@ -170,3 +177,113 @@ def test_engine_pinned_path_two_ranks() -> None:
             assert m["max_rel_read_error"] <= 1e-5 and m["host_vs_ref"] <= 1e-5, m
             assert m["cache_vs_host"] == 0.0 and m["dynamic_after_flush"] == 0.0, m
             assert m["flushed_rows"] > 0, m
+
+
+# ---------------------------------------------------------------------------------------------- registration
+class FakeCudart:
+    """Stands in for ``torch.cuda.cudart()``: records calls; cudaHostRegister returns ``register_error``."""
+
+    def __init__(self, register_error: int = 0, get_last_error: bool = True) -> None:
+        self.calls: List[Tuple[Any, ...]] = []
+        self.register_error = register_error
+        if get_last_error:
+            self.cudaGetLastError = lambda: self.calls.append(("cudaGetLastError",)) or 0
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.calls.append(("cudaHostRegister", ptr, size, flags))
+        return self.register_error
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.calls.append(("cudaHostUnregister", ptr))
+        return 0
+
+    def cudaGetErrorString(self, err: int) -> str:
+        return {1: "invalid argument", 712: "part or all of the requested memory range is already mapped"}[int(err)]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Patch the CUDA entry points HostRegistration uses; returns a function installing a FakeCudart."""
+
+    def install(cudart: FakeCudart, loaded: Optional[object] = None) -> FakeCudart:
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+        monkeypatch.setattr(torch.cuda, "device", lambda d: nullcontext())
+        monkeypatch.setattr(torch.cuda, "init", lambda: None)
+        monkeypatch.setattr(device_mod, "_loaded_cudart", lambda: loaded)
+        return cudart
+
+    return install
+
+
+@pytest.mark.parametrize(
+    "ptr, nbytes, message",
+    [
+        (7 * PAGE_BYTES, 0, "at 0x7000: the range of 0 bytes is empty or null"),
+        (7 * PAGE_BYTES, -5, "empty or null"),
+        (0, 4 * PAGE_BYTES, "at 0x0: .*empty or null"),
+        (7 * PAGE_BYTES + 64, PAGE_BYTES, "at 0x7040 .4096 bytes.: the start is not aligned"),
+    ],
+)
+def test_registration_refuses_a_bad_range_without_calling_cuda(fake_cuda: Any, ptr: int, nbytes: int, message: str) -> None:
+    assert PAGE_BYTES == 4096  # the messages above spell 4 KiB pages
+    cudart = fake_cuda(FakeCudart())
+    with pytest.raises(FrugalError, match=message):
+        HostRegistration(ptr, nbytes, CUDA, owner=None)
+    assert cudart.calls == []  # a refused range never reaches CUDA, so no error state is left
+
+
+def test_registration_range_covers_whole_pages() -> None:
+    assert registration_range(3 * PAGE_BYTES, 1) == (3 * PAGE_BYTES, PAGE_BYTES)
+    assert registration_range(3 * PAGE_BYTES, PAGE_BYTES) == (3 * PAGE_BYTES, PAGE_BYTES)
+    assert registration_range(3 * PAGE_BYTES, 2 * PAGE_BYTES + 1) == (3 * PAGE_BYTES, 3 * PAGE_BYTES)
+    seg = _segment(10, 3)  # a shared segment's mapping starts on a page and covers its last page
+    start, length = registration_range(seg.base.data_ptr(), seg.base.numel())
+    assert start == seg.base.data_ptr() and length == PAGE_BYTES and seg.layout.nbytes < PAGE_BYTES
+
+
+def test_registration_registers_whole_pages_and_unregisters(fake_cuda: Any) -> None:
+    cudart = fake_cuda(FakeCudart())
+    reg = HostRegistration(5 * PAGE_BYTES, 2 * PAGE_BYTES + 100, CUDA, owner=None)
+    assert cudart.calls == [("cudaHostRegister", 5 * PAGE_BYTES, 3 * PAGE_BYTES, 0x03)]
+    assert reg.registered and reg.nbytes == 2 * PAGE_BYTES + 100
+    reg.close()
+    reg.close()
+    assert not reg.registered and cudart.calls[1:] == [("cudaHostUnregister", 5 * PAGE_BYTES)]
+
+
+def test_failed_registration_clears_the_cuda_error(fake_cuda: Any) -> None:
+    cudart = fake_cuda(FakeCudart(register_error=712))
+    with pytest.raises(FrugalError, match=r"at 0x5000 failed with CUDA error 712 \(part or all") as e:
+        HostRegistration(5 * PAGE_BYTES, PAGE_BYTES, CUDA, owner=None)
+    assert "could not be cleared" not in str(e.value)
+    assert [c[0] for c in cudart.calls] == ["cudaHostRegister", "cudaGetLastError"]
+
+
+def test_failed_registration_clears_through_the_loaded_runtime(fake_cuda: Any) -> None:
+    """Where torch does not expose cudaGetLastError, the runtime library torch loaded is called."""
+    cleared: List[int] = []
+
+    class Runtime:
+        def cudaGetLastError(self) -> int:
+            cleared.append(1)
+            return 1
+
+    fake_cuda(FakeCudart(register_error=1, get_last_error=False), loaded=Runtime())
+    with pytest.raises(FrugalError, match=r"CUDA error 1 \(invalid argument\)$"):
+        HostRegistration(5 * PAGE_BYTES, PAGE_BYTES, CUDA, owner=None)
+    assert cleared == [1]
+
+
+def test_failed_registration_says_when_the_error_stays(fake_cuda: Any) -> None:
+    fake_cuda(FakeCudart(register_error=1, get_last_error=False), loaded=None)
+    with pytest.raises(FrugalError, match="could not be cleared"):
+        HostRegistration(5 * PAGE_BYTES, PAGE_BYTES, CUDA, owner=None)
+
+
+def test_loaded_runtime_is_the_one_in_this_process() -> None:
+    """Without CUDA no libcudart is mapped here, and none is loaded anew to look for one."""
+    if torch.cuda.is_available():
+        lib = device_mod._loaded_cudart()
+        assert lib is not None and hasattr(lib, "cudaGetLastError")
+    else:
+        assert device_mod._loaded_cudart() is None

@@ -26,11 +26,14 @@ rows read from host; it runs on CPU and is the same for every path.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 import warnings
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -182,6 +185,65 @@ class _CudaArray:
         }
 
 
+PAGE_BYTES = mmap.PAGESIZE
+
+
+def registration_range(ptr: int, nbytes: int) -> Tuple[int, int]:
+    """(start, length) that ``cudaHostRegister`` is given for ``nbytes`` at ``ptr``.
+
+    The start must be page-aligned and the range non-empty; the length is rounded up to whole
+    pages, which the caller's mapping covers (``mmap``, as for the shared segments, maps whole
+    pages). A bad range is refused here, before any CUDA call, because a failed registration
+    leaves CUDA's error state set.
+    """
+    if nbytes <= 0 or ptr == 0:
+        raise FrugalError(f"cannot register host memory at {ptr:#x}: the range of {nbytes} bytes is empty or null")
+    if ptr % PAGE_BYTES:
+        raise FrugalError(
+            f"cannot register host memory at {ptr:#x} ({nbytes} bytes): the start is not aligned to the "
+            f"{PAGE_BYTES}-byte page"
+        )
+    return ptr, -(-nbytes // PAGE_BYTES) * PAGE_BYTES
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded_cudart() -> Optional[ctypes.CDLL]:
+    """The CUDA runtime library torch loaded (its error state is the one to clear), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)  # already loaded: the same instance, not a second runtime
+        except OSError:
+            continue
+    return None
+
+
+def _get_last_error() -> Optional[Callable[[], Any]]:
+    """``cudaGetLastError`` of torch's CUDA runtime: through torch if it exposes it, else ctypes."""
+    fn = getattr(torch.cuda.cudart(), "cudaGetLastError", None)
+    if fn is not None:
+        return fn
+    lib = _loaded_cudart()
+    return getattr(lib, "cudaGetLastError", None) if lib is not None else None
+
+
+def clear_cuda_error() -> bool:
+    """Reset this thread's CUDA last-error state; False if no way to reach it was found.
+
+    A failed runtime call such as ``cudaHostRegister`` leaves the error set, and torch's check
+    after the next kernel launch in the process would report it as that kernel's failure.
+    """
+    fn = _get_last_error()
+    if fn is None:
+        return False
+    fn()
+    return True
+
+
 def _unregister(ptr: int) -> None:
     torch.cuda.cudart().cudaHostUnregister(ptr)
 
@@ -189,19 +251,29 @@ def _unregister(ptr: int) -> None:
 class HostRegistration:
     """One host address range page-locked and mapped for CUDA; unregistered by :meth:`close`.
 
+    ``ptr`` must be page-aligned and ``nbytes`` positive (see :func:`registration_range`); the
+    registration covers whole pages. A failed ``cudaHostRegister`` raises :class:`FrugalError`
+    with CUDA's error state cleared, so the process can go on with CUDA (the pinned path).
     ``owner`` (the shared segment) is kept alive by the registration so that the range is never
     unmapped while registered, even if the engine is dropped without close().
     """
 
     def __init__(self, ptr: int, nbytes: int, device: torch.device, owner: object) -> None:
+        start, length = registration_range(ptr, nbytes)
         self.ptr = ptr
         self.nbytes = nbytes
         self.device = device
         with torch.cuda.device(device):
             torch.cuda.init()
-            err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _REGISTER_FLAGS)
-        if int(err) != 0:
-            raise FrugalError(f"cudaHostRegister of {nbytes} bytes of shared host memory failed with error {int(err)}")
+            cudart = torch.cuda.cudart()
+            err = cudart.cudaHostRegister(start, length, _REGISTER_FLAGS)
+            if int(err) != 0:
+                cleared = clear_cuda_error()
+                raise FrugalError(
+                    f"cudaHostRegister of {length} bytes of shared host memory at {start:#x} failed with "
+                    f"CUDA error {int(err)} ({cudart.cudaGetErrorString(err)})"
+                    + ("" if cleared else "; CUDA's error state could not be cleared, later CUDA calls may report it")
+                )
         self._finalizer = weakref.finalize(self, _unregister, ptr)
         self._owner = owner
 

@@ -34,6 +34,7 @@ class Scenario:
     broken_lookahead: bool = False  # negative control: hide every host read from the owners
     device: str = "cpu"  # "cuda": every rank on the current CUDA device (several ranks may share it)
     host_path: str = "auto"
+    sorted_reads: Optional[bool] = None  # None: the device's default (True on CUDA only)
 
 
 
@@ -58,6 +59,8 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
                        host_path=sc.host_path)
     eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
                        device=torch.device(sc.device))
+    if sc.sorted_reads is not None:
+        eng.host.sorted_reads = sc.sorted_reads
     if sc.broken_lookahead:
         # Owners then see no future host reads, defer every flush, and the gate never waits:
         # the reference check must catch the stale reads that follow.

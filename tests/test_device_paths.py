@@ -67,7 +67,8 @@ def test_plan_lookup_splits_store_and_host_reads(seed: int) -> None:
     slot_of[held] = rng.permutation(70)  # slots < 40 static, the rest dynamic
     rows = rng.integers(0, num_rows, 300)
     plan = plan_lookup(slot_of, num_static, rows)
-    hit_pos, hit_slots, miss_pos, miss_rows = (p.numpy() for p in plan.parts())
+    hit_pos, hit_slots, miss_pos, miss_rows, expand = (p.numpy() for p in plan.parts())
+    assert expand.size == 0 and plan.n_host == plan.n_miss  # not asked to deduplicate
     # Every output position exactly once; hits read their slot, misses their row from host.
     assert sorted(np.concatenate([hit_pos, miss_pos]).tolist()) == list(range(rows.shape[0]))
     assert np.array_equal(hit_slots, slot_of[rows[hit_pos]]) and (hit_slots >= 0).all()
@@ -78,10 +79,35 @@ def test_plan_lookup_splits_store_and_host_reads(seed: int) -> None:
     store = torch.zeros(70, 3)
     store[torch.from_numpy(slot_of[held])] = host[torch.from_numpy(held)]
     out = torch.empty(rows.shape[0], 3)
-    hp, hs, mp, mr = plan.parts()
+    hp, hs, mp, mr, _ = plan.parts()
     out.index_copy_(0, hp, store.index_select(0, hs))
     out.index_copy_(0, mp, host.index_select(0, mr))
     assert torch.equal(out, host[torch.from_numpy(rows)])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plan_lookup_sorted_reads_read_each_host_row_once_in_order(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    num_rows = 400
+    slot_of = np.full(num_rows, -1, dtype=np.int64)
+    held = rng.choice(num_rows, 30, replace=False)
+    slot_of[held] = np.arange(30)
+    rows = (rng.zipf(1.3, 600) - 1) % num_rows  # duplicates, in no order
+    plan = plan_lookup(slot_of, 30, rows, sorted_reads=True)
+    hp, hs, mp, host_rows, expand = plan.parts()
+    hr = host_rows.numpy()
+    assert np.array_equal(hr, np.unique(rows[mp.numpy()]))  # each distinct host row once, sorted
+    assert plan.n_expand == plan.n_miss > plan.n_host
+    host = torch.randn(num_rows, 4)
+    store = host[torch.from_numpy(held)]
+    out = torch.empty(rows.shape[0], 4)
+    out.index_copy_(0, hp, store.index_select(0, hs))
+    out.index_copy_(0, mp, host.index_select(0, host_rows).index_select(0, expand))
+    assert torch.equal(out, host[torch.from_numpy(rows)])
+    # Already unique and sorted (what the TorchRec glue passes): nothing to expand.
+    srt = np.unique(rows)
+    again = plan_lookup(slot_of, 30, srt, sorted_reads=True)
+    assert again.n_expand == 0 and again.n_host == again.n_miss
 
 
 def test_plan_lookup_edges() -> None:
@@ -94,6 +120,8 @@ def test_plan_lookup_edges() -> None:
     all_miss = plan_lookup(slot_of, 2, np.array([3, 1]))
     assert (all_miss.n_hit, all_miss.n_miss) == (0, 2)
     assert all_miss.parts()[3].tolist() == [3, 1] and all_miss.parts()[2].tolist() == [0, 1]
+    one = plan_lookup(slot_of, 2, np.array([3, 3, 1]), sorted_reads=True)
+    assert one.parts()[3].tolist() == [1, 3] and one.parts()[4].tolist() == [1, 1, 0]
 
 
 def test_streams_and_markers_on_cpu() -> None:

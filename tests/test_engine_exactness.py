@@ -25,6 +25,8 @@ def _matrix_2() -> list:
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="adam", steps=STEPS),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, queue="heap"),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=0),
+        # Host reads deduplicated and in row order, then expanded (the CUDA default).
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, in_host=False, sorted_reads=True),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0, in_host=False),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=2, max_deferred_rows=100, in_host=False),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True),

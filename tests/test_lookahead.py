@@ -42,11 +42,12 @@ def _check(win: LookaheadWindow, ref: BruteWindow, rng: np.random.Generator, ctx
     np.testing.assert_array_equal(win.priorities(probe), expect[probe], err_msg=ctx)
 
 
+@pytest.mark.parametrize("capacity", [1, 1024], ids=["ring-grows", "ring-fits"])
 @pytest.mark.parametrize("seed", range(12))
-def test_matches_brute_force(seed):
+def test_matches_brute_force(seed, capacity):
     rng = np.random.default_rng(seed)
     num_rows = int(rng.integers(1, 40))
-    win = LookaheadWindow(num_rows)
+    win = LookaheadWindow(num_rows, capacity=capacity)
     ref = BruteWindow(num_rows)
     nxt = 0
     retired = -1
@@ -91,6 +92,25 @@ def test_hand_example():
     assert (win.next_read == INF).all()
     assert win.add_step(4, np.array([5])).tolist() == [5]
     assert win.priorities(np.array([5, 0])).tolist() == [4, INF]
+
+
+def test_retire_costs_the_retired_step_not_the_window():
+    """Retiring one step touches only that step's entries, however many steps the window holds."""
+    win = LookaheadWindow(100, capacity=4)
+    for t in range(50):
+        win.add_step(t, np.array([t, 99]))
+    touched = []
+    original = win.next_read
+
+    class Spy(np.ndarray):
+        def __setitem__(self, idx, value):
+            touched.append(np.asarray(idx).size)
+            super().__setitem__(idx, value)
+
+    win.next_read = original.view(Spy)
+    win.retire(0)
+    assert touched == [2]
+    assert win.priorities(np.array([0, 99, 1])).tolist() == [INF, 1, 1]
 
 
 def test_empty_step_and_empty_window():

@@ -77,34 +77,49 @@ def choose_host_path(requested: str, device: torch.device, can_map: bool) -> str
 class LookupPlan:
     """Where each row of a lookup comes from, packed into one int64 tensor (one transfer).
 
-    ``packed`` is ``[hit_pos | hit_slots | miss_pos | miss_rows]``: output positions and store
-    slots of the rows this rank holds, then output positions and fused rows of host reads.
+    ``packed`` is ``[hit_pos | hit_slots | miss_pos | host_rows | expand]``: output positions and
+    store slots of the rows this rank holds, output positions of the host reads, the fused rows
+    read from host, and (when those were deduplicated) each host read's index into them.
     """
 
     packed: torch.Tensor
     n_hit: int
     n_miss: int
+    n_host: int
+    n_expand: int
     n_static_hits: int
 
-    def parts(self, t: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(hit_pos, hit_slots, miss_pos, miss_rows) as views of ``t`` (``packed`` moved somewhere)."""
+    def parts(self, t: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
+        """(hit_pos, hit_slots, miss_pos, host_rows, expand) as views of ``t`` (``packed`` moved)."""
         t = self.packed if t is None else t
-        h, m = self.n_hit, self.n_miss
-        return t[:h], t[h : 2 * h], t[2 * h : 2 * h + m], t[2 * h + m :]
+        h, m, u = self.n_hit, self.n_miss, self.n_host
+        return t[:h], t[h : 2 * h], t[2 * h : 2 * h + m], t[2 * h + m : 2 * h + m + u], t[2 * h + m + u :]
 
 
-def plan_lookup(slot_of: np.ndarray, num_static: int, rows: np.ndarray) -> LookupPlan:
-    """Split ``rows`` into store reads (slot >= 0) and host reads, keeping output positions."""
+def plan_lookup(slot_of: np.ndarray, num_static: int, rows: np.ndarray, sorted_reads: bool = False) -> LookupPlan:
+    """Split ``rows`` into store reads (slot >= 0) and host reads, keeping output positions.
+
+    With ``sorted_reads`` the host reads are deduplicated and sorted by row (unless they already
+    are), to be expanded to their positions on the device: scattered reads of small rows use a
+    fraction of a PCIe link's bandwidth, reads in row order most of it.
+    """
     slots = slot_of[rows]
     hit = slots >= 0
     hit_pos = np.flatnonzero(hit)
     miss_pos = np.flatnonzero(~hit)
     hit_slots = slots[hit_pos]
-    packed = np.concatenate([hit_pos, hit_slots, miss_pos, rows[miss_pos]])
+    host_rows = rows[miss_pos]
+    expand = np.zeros(0, dtype=np.int64)
+    if sorted_reads and host_rows.size > 1 and not bool(np.all(host_rows[1:] > host_rows[:-1])):
+        host_rows, expand = np.unique(host_rows, return_inverse=True)
+        expand = expand.reshape(-1)
+    packed = np.concatenate([hit_pos, hit_slots, miss_pos, host_rows, expand])
     return LookupPlan(
         torch.from_numpy(packed),
         n_hit=int(hit_pos.shape[0]),
         n_miss=int(miss_pos.shape[0]),
+        n_host=int(host_rows.shape[0]),
+        n_expand=int(expand.shape[0]),
         n_static_hits=int(np.count_nonzero(hit_slots < num_static)),
     )
 
@@ -318,6 +333,8 @@ class HostTables:
     ) -> None:
         self.device = device
         self.host = tables
+        # Host rows cross a link only on an accelerator: there, read each once, in row order.
+        self.sorted_reads = device.type == "cuda"
         self._reg: Optional[HostRegistration] = None
         self._reg_error: Optional[BaseException] = None
         # On CPU the device reads the tables in place: they are their own mapping.

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -52,37 +52,14 @@ from .gate import (
     control_field,
 )
 from .lookahead import LookaheadWindow
-from .metrics import StepMetrics
+from .lookahead_ring import LookaheadRing, merge_unique
+from .lookahead_worker import LookaheadWorker
+from .metrics import PHASES, StepMetrics
 from .optimizers import apply_update, state_width
 from .owner_cache import Ownership, OwnerStore, assign_ownership
 from .priority_queue import INF, make_queue
 
 InitWeights = Union[Sequence[torch.Tensor], Callable[[int, torch.Tensor], None], None]
-
-
-def _unique_sorted(rows: np.ndarray) -> np.ndarray:
-    """Unique values of ``rows``; O(n) when it is already sorted (the common case)."""
-    if rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):
-        return np.unique(rows)
-    return rows
-
-
-def _merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """Unique values of the concatenation of sorted runs, and each element's index into them.
-
-    A stable sort of a few sorted runs is a merge (timsort), cheaper than hashing every value.
-    """
-    cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
-    if cat.size == 0:
-        return cat, np.zeros(0, dtype=np.int64)
-    order = np.argsort(cat, kind="stable")
-    srt = cat[order]
-    first = np.empty(srt.shape[0], dtype=bool)
-    first[0] = True
-    np.not_equal(srt[1:], srt[:-1], out=first[1:])
-    inverse = np.empty(cat.shape[0], dtype=np.int64)
-    inverse[order] = np.cumsum(first) - 1
-    return srt[first], inverse
 
 
 class FrugalEngine:
@@ -187,6 +164,14 @@ class FrugalEngine:
         self.ownership = self._ownership(presample_counts)
         self._owner_np = self.ownership.owner
         self._mine_cached = self.ownership.cached & (self._owner_np == self.rank)
+        self.ring = LookaheadRing(
+            [{k: b[k] for k in ("la_step", "la_counts", "la_rows")} for b in self._boxes],
+            self.rank,
+            self._ring,
+            self.control,
+            self._owner_np,
+            self._mine_cached,
+        )
         cached_rows = self.ownership.cached_rows(self.rank)
         self.store = OwnerStore(self.num_rows, cached_rows, d, s, self.device)
         idx = torch.from_numpy(cached_rows)
@@ -203,6 +188,7 @@ class FrugalEngine:
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._flush_mutex = threading.Lock()
+        self._ingest_mutex = threading.Lock()  # one ingester at a time: steps arrive in order
         self._inflight: Optional[int] = None  # progress bound of the chunk being copied
 
         self.step = 0
@@ -212,6 +198,7 @@ class FrugalEngine:
         self._gate_wait = 0.0
         self._exchange_wait = 0.0
         self._step_t0 = 0.0
+        self._phase: Dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._lookups = 0
         self._hits = 0
         self._rows_flushed = 0
@@ -229,6 +216,11 @@ class FrugalEngine:
         ]
         for t in self._flushers:
             t.start()
+        self._worker = (
+            LookaheadWorker(f"frugal-lookahead-{self.rank}", self.ring.publish, self._ingest_available, self._fail_from_thread)
+            if self.lookahead > 0
+            else None
+        )
 
     # ------------------------------------------------------------------ set-up helpers
     def _rank_world(self) -> Tuple[int, int]:
@@ -346,74 +338,73 @@ class FrugalEngine:
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
-            raise FrugalError(f"rank {self.rank}: a flusher failed: {self._failure!r}") from self._failure
+            raise FrugalError(f"rank {self.rank}: a background thread (flusher or lookahead) failed: {self._failure!r}") from self._failure
         if self._closed:
             raise FrugalError(f"rank {self.rank}: the engine is closed")
 
     # ------------------------------------------------------------------ lookahead
     def push_lookahead(self, rows: torch.Tensor) -> None:
-        """Announce the rows of this rank's next future step (steps are pushed in order)."""
+        """Announce the rows of this rank's next future step (steps are pushed in order).
+
+        The rows are checked here; publishing them to the owners happens in the background.
+        """
         self._raise_if_failed()
+        t0 = time.perf_counter()
         t = self._next_push
         if t > self.step + self.lookahead:
             raise FrugalInputError(
                 f"lookahead window full: step {t} pushed while step {self.step} runs with lookahead={self.lookahead}"
             )
-        rows = self._check_rows(rows, f"lookahead batch of step {t}")
+        rows = self._check_rows(rows, f"lookahead batch of step {t}").clone()
         self._next_push = t + 1
-        self._pushed.append((t, rows.clone()))
-        if self.lookahead > 0:
-            self._guard(lambda: self._publish(t, rows))
+        self._pushed.append((t, rows))
+        if self._worker is not None:
+            self._worker.announce(t, rows.numpy())
+        self._phase["announce"] += time.perf_counter() - t0
 
-    def _publish(self, t: int, rows: torch.Tensor) -> None:
-        """Write the rows this rank reads from host at step t into its ring, sorted by owner."""
-        u = _unique_sorted(rows.numpy())
-        u = u[~self._mine_cached[u]]
-        own = self._owner_np[u]
-        order = np.argsort(own, kind="stable")
-        slot = t % self._ring
-        # The slot held step t - ring; every owner must have ingested it before we overwrite.
-        self.control.wait(
-            lambda: [r for r, w in enumerate(self.control.get(INGESTED)) if w < t - self._ring],
-            f"owners to ingest lookahead step {t - self._ring}",
-        )
-        box = self._boxes[self.rank]
-        box["la_rows"][slot, : u.shape[0]] = torch.from_numpy(u[order])
-        box["la_counts"][slot] = torch.from_numpy(np.bincount(own, minlength=self.world_size))
-        box["la_step"][slot] = t
-        self.control.set(PUBLISHED, t)
-
-    def _ingest_available(self, through: Optional[int] = None) -> None:
-        """Ingest every step all ranks have published (at least through ``through``)."""
+    def _ingest_available(self, through: Optional[int] = None) -> bool:
+        """Ingest every step all ranks have published (at least through ``through``); True if any."""
         if self.window is None:
-            return
-        while True:
-            with self._lock:
-                t = self.window.last_step + 1
-                if t > self.queue.base + self.lookahead + 1:
-                    return
-                published = self.control.get(PUBLISHED)
-                if (published < t).any():
+            return False
+        did = False
+        with self._ingest_mutex:
+            while True:
+                t = self.window.last_step + 1  # only ingesters move it, and we are the one
+                with self._lock:
+                    room = t <= self.queue.base + self.lookahead + 1
+                if not room:
+                    return did
+                if self.ring.published_through() < t:
                     if through is not None and t <= through:
                         raise FrugalError(f"rank {self.rank}: step {t} must be ingested but is not published")
-                    return
-                slot = t % self._ring
-                parts = []
-                for r, box in enumerate(self._boxes):
-                    if int(box["la_step"][slot]) != t:
-                        raise FrugalError(f"rank {r}'s lookahead slot holds step {int(box['la_step'][slot])}, not {t}")
-                    counts = box["la_counts"][slot].numpy()
-                    lo = int(counts[: self.rank].sum())
-                    parts.append(box["la_rows"][slot, lo : lo + int(counts[self.rank])].numpy())
-                rows_t, _ = _merge_unique(parts)
-                newly = self.window.add_step(t, rows_t)
-                if newly.size:
-                    deferred = newly[self.queue.priority_of(newly) == INF]
-                    if deferred.size:
-                        self.queue.upsert(deferred, t)
-                self.control.set(INGESTED, t)
-                self._publish_flushed()
-                self._work.notify_all()
+                    return did
+                rows_t = self.ring.collect(t)
+                with self._lock:
+                    newly = self.window.add_step(t, rows_t)
+                    if newly.size:
+                        deferred = newly[self.queue.priority_of(newly) == INF]
+                        if deferred.size:
+                            self.queue.upsert(deferred, t)
+                    self.control.set(INGESTED, t)
+                    self._publish_flushed()
+                    self._work.notify_all()
+                did = True
+
+    def _ingest_through(self, s: int) -> None:
+        """Ingest through step s, which every rank announced (their workers may still publish it)."""
+        if self.window is None or self.window.last_step >= s:
+            return
+
+        def idle() -> bool:
+            self._raise_if_failed()
+            return self._ingest_available()
+
+        self.control.wait(
+            lambda: [r for r, p in enumerate(self.control.get(PUBLISHED)) if p < s],
+            f"the lookahead of step {s} to be published",
+            idle,
+        )
+        self._ingest_available(through=s)
 
     # ------------------------------------------------------------------ the step
     def begin_step(self, rows: torch.Tensor) -> int:
@@ -422,6 +413,7 @@ class FrugalEngine:
         if self._in_step:
             raise FrugalError(f"rank {self.rank}: begin_step of step {self.step + 1} before apply_gradients of step {self.step}")
         s = self.step
+        t0 = time.perf_counter()
         rows = self._check_rows(rows, f"batch of step {s}")
         if self._pushed:
             t, expected = self._pushed[0]
@@ -435,9 +427,10 @@ class FrugalEngine:
             self._pushed.popleft()
         else:
             self._next_push = s + 1
-            if self.lookahead > 0:
-                self._guard(lambda: self._publish(s, rows))
+            if self._worker is not None:
+                self._worker.announce(s, rows.clone().numpy())
         self._step_t0 = time.perf_counter()
+        self._phase["announce"] += self._step_t0 - t0
         self._gate_wait = self._guard(lambda: self._gate(s))
         self._in_step = True
         return s
@@ -449,8 +442,9 @@ class FrugalEngine:
             return [o for o in range(self.world_size) if updated[o] < s - 1 or flushed[o] < s]
 
         def idle() -> bool:
-            self._ingest_available()
-            return self._flush_once(max_priority=s, wait=False)
+            self._raise_if_failed()  # our own lookahead worker may be what the peers wait for
+            ingested = self._ingest_available()
+            return self._flush_once(max_priority=s, wait=False) or ingested
 
         return self.control.wait(lagging, f"the gate of step {s}", idle)
 
@@ -462,22 +456,26 @@ class FrugalEngine:
         into the output.
         """
         self._raise_if_failed()
+        t0 = time.perf_counter()
         rows = rows.reshape(-1)
-        plan = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy())
+        plan = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy(), self.host.sorted_reads)
         self._lookups += int(rows.shape[0])
         self._hits += plan.n_static_hits
-        hit_pos, hit_slots, miss_pos, miss_rows = plan.parts(plan.packed.to(self.device, non_blocking=True))
+        hit_pos, hit_slots, miss_pos, host_rows, expand = plan.parts(plan.packed.to(self.device, non_blocking=True))
         if plan.n_miss == 0:
             out = self.store.weights.index_select(0, hit_slots)
         else:
-            host_rows = self.host.read("weights", plan.parts()[3], miss_rows)
+            from_host = self.host.read("weights", plan.parts()[3], host_rows)
+            if plan.n_expand:  # each distinct host row was read once: place it where it is used
+                from_host = from_host.index_select(0, expand)
             if plan.n_hit == 0:
-                out = host_rows
+                out = from_host
             else:
                 out = torch.empty(rows.shape[0], self.dim, dtype=torch.float32, device=self.device)
                 out.index_copy_(0, hit_pos, self.store.weights.index_select(0, hit_slots))
-                out.index_copy_(0, miss_pos, host_rows)
+                out.index_copy_(0, miss_pos, from_host)
         self._read_mark = self.streams.mark()
+        self._phase["lookup"] += time.perf_counter() - t0
         return out
 
     def apply_gradients(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> None:
@@ -497,6 +495,7 @@ class FrugalEngine:
 
     def _update(self, s: int, rows: torch.Tensor, grads: torch.Tensor) -> None:
         # Stage: this rank's gradients, sorted by owner, into its mailbox.
+        t0 = time.perf_counter()
         r_np = rows.numpy()
         own = self._owner_np[r_np]
         order = torch.from_numpy(np.argsort(own, kind="stable"))
@@ -509,12 +508,14 @@ class FrugalEngine:
         # step (device kernels on CUDA) must be done by then.
         self._read_mark.synchronize()
         self.control.set(STAGED, s)
+        t1 = time.perf_counter()
         self._exchange_wait = self.control.wait(
             lambda: [r for r, v in enumerate(self.control.get(STAGED)) if v < s],
             f"gradients of step {s}",
             idle=lambda: self._flush_once(max_priority=self._background_bound(), wait=False),
         )
         # Sum the gradients of the rows this rank owns over all ranks (rank order: deterministic).
+        t2 = time.perf_counter()
         parts_r, parts_g = [], []
         for b in self._boxes:
             counts = b["g_counts"].numpy()
@@ -523,16 +524,19 @@ class FrugalEngine:
             parts_r.append(b["g_rows"][lo:hi].numpy())
             parts_g.append(b["g_grads"][lo:hi])
         # Sorted runs (one per rank) when the callers pass sorted rows, as the TorchRec glue does.
-        u_np, inv = _merge_unique(parts_r)
+        u_np, inv = merge_unique(parts_r)
         summed = torch.zeros(u_np.shape[0], self.dim, dtype=torch.float32).index_add_(
             0, torch.from_numpy(inv), torch.cat(parts_g)
         )
+        t3 = time.perf_counter()
+        self._phase["exchange"] += (t1 - t0) + (t3 - t2)
 
-        self._ingest_available(through=s)
+        self._ingest_through(s)
         with self._lock:
             if self.window is not None:
                 self.window.retire(s)
             self.queue.advance(s + 1)
+            t4 = time.perf_counter()
             store = self.store
             slots = store.slot_of[u_np]
             if self._in_place:
@@ -553,6 +557,7 @@ class FrugalEngine:
             store.weights.index_copy_(0, sl, w)
             store.state.index_copy_(0, sl, st)
             self._updated_mark = self.streams.mark()
+            t5 = time.perf_counter()
             self._version[u_np] += 1
             if self.window is None:
                 prio: Union[int, np.ndarray] = s + 1
@@ -562,6 +567,9 @@ class FrugalEngine:
                 self.queue.upsert(u_np, prio)
             self._publish_flushed()
             self.control.set(UPDATED, s)
+        t6 = time.perf_counter()
+        self._phase["update"] += t5 - t4
+        self._phase["bookkeeping"] += (t4 - t3) + (t6 - t5)
         # Rows the very next step reads from host are due at once: write them on this thread
         # instead of waiting for a flusher to be scheduled; the flushers take what can wait.
         while self._flush_once(max_priority=s + 1):
@@ -570,6 +578,7 @@ class FrugalEngine:
             m = self.queue.min_priority()
             if m is not None and m != INF:
                 self._work.notify()
+        self._phase["flush"] += time.perf_counter() - t6
         self._record_metrics(s)
 
     def _update_in_place(
@@ -613,8 +622,10 @@ class FrugalEngine:
             lookups=self._lookups,
             cache_hits=self._hits,
             dynamic_rows=self.store.dynamic_in_use,
+            phase_s=self._phase,
         )
         self._lookups = self._hits = 0
+        self._phase = dict.fromkeys(PHASES, 0.0)
 
     # ------------------------------------------------------------------ flushing
     def _publish_flushed(self) -> None:
@@ -641,6 +652,7 @@ class FrugalEngine:
                 if m is None or (max_priority is not None and m > max_priority):
                     return False
                 rows, prio = self.queue.pop_min(self.config.flush_chunk_rows)
+                rows.sort()  # written in row order: the order host memory and the link like
                 # While in flight these rows are still stale on host: a finite chunk bounds the
                 # published progress by prio - 1, an INF chunk by the window as it is now.
                 self._inflight = prio - 1 if prio != INF else self.window.last_step  # type: ignore[union-attr]
@@ -688,14 +700,17 @@ class FrugalEngine:
     def _flusher_loop(self) -> None:
         try:
             while not self._stop:
-                self._ingest_available()
                 if not self._flush_once(max_priority=self._background_bound()):
                     with self._work:
                         if not self._stop:
                             self._work.wait(timeout=0.01)
         except BaseException as e:  # surfaced to the training thread at its next call
-            self._failure = e
-            self.control.fail(self.rank)
+            self._fail_from_thread(e)
+
+    def _fail_from_thread(self, e: BaseException) -> None:
+        """A background thread failed: the training thread raises it at its next call."""
+        self._failure = e
+        self.control.fail(self.rank)
 
     def flush(self) -> None:
         """Collective: apply every pending host write of every rank; host then equals the caches."""
@@ -771,6 +786,8 @@ class FrugalEngine:
         with self._lock:
             self._stop = True
             self._work.notify_all()
+        if self._worker is not None:
+            self._worker.stop(self.config.timeout_s)
         for t in self._flushers:
             if t is not threading.current_thread():
                 t.join(timeout=self.config.timeout_s)

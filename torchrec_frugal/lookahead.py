@@ -4,6 +4,11 @@ The data loader runs L steps ahead, so the ids of steps (s, s + L] are known whi
 An owner ingests, step by step, the rows that any rank will read from host memory (every row
 except the ones a rank finds in its own cache) and keeps ``next_read[row]``: the earliest such
 step, or INF. That is the flush priority of a row with a pending write.
+
+Every read in the window is an entry of one flat ring, in step order, and each entry links to
+the step of the same row's next entry. Ingesting a step and retiring one therefore cost O(rows
+of that step), vectorized, whatever the window's length: retiring step s sets the next read of
+each row it held to that row's link.
 """
 from __future__ import annotations
 
@@ -18,33 +23,59 @@ from .priority_queue import INF
 class LookaheadWindow:
     """Per-owner next-host-read step of every row, over the ingested window of steps."""
 
-    def __init__(self, num_rows: int) -> None:
+    def __init__(self, num_rows: int, capacity: int = 1024) -> None:
         self.next_read = np.full(num_rows, INF, dtype=np.int64)
         self.last_step = -1  # W: newest ingested step
-        self._steps: Deque[Tuple[int, np.ndarray]] = deque()
-        self._mark = np.zeros(num_rows, dtype=bool)
+        self._steps: Deque[Tuple[int, int, int]] = deque()  # (step, first entry, end entry)
+        self._latest = np.full(num_rows, -1, dtype=np.int64)  # the row's newest entry (global index)
+        self._lo = 0  # global index of the oldest live entry
+        self._hi = 0  # global index one past the newest entry
+        self._rows = np.empty(capacity, dtype=np.int64)  # entry -> row
+        self._link = np.empty(capacity, dtype=np.int64)  # entry -> step of the row's next entry, or INF
 
     def add_step(self, step: int, rows: np.ndarray) -> np.ndarray:
         """Ingest the (unique) rows read from host at ``step``; returns rows whose next read was INF."""
         if step != self.last_step + 1:
             raise RuntimeError(f"lookahead steps must arrive in order: got {step} after {self.last_step}")
+        rows = np.asarray(rows, dtype=np.int64)
+        n = rows.shape[0]
+        self._reserve(n)
         self.last_step = step
-        self._steps.append((step, rows))
-        newly = rows[self.next_read[rows] == INF]
+        cap = self._rows.shape[0]
+        entries = np.arange(self._hi, self._hi + n, dtype=np.int64)
+        prev = self._latest[rows]
+        live = prev >= self._lo
+        self._link[prev[live] % cap] = step
+        self._rows[entries % cap] = rows
+        self._link[entries % cap] = INF
+        self._latest[rows] = entries
+        self._steps.append((step, self._hi, self._hi + n))
+        self._hi += n
+        newly = rows[~live]  # no live entry before: the next read was INF
         self.next_read[newly] = step
         return newly
 
     def retire(self, step: int) -> None:
-        """Forget reads at steps <= ``step`` and recompute the next read of the rows they held."""
+        """Forget reads at steps <= ``step``; each row they held moves on to its next read."""
+        cap = self._rows.shape[0]
         while self._steps and self._steps[0][0] <= step:
-            _, done = self._steps.popleft()
-            self.next_read[done] = INF
-            self._mark[done] = True
-            for t, rows in self._steps:
-                hit = rows[self._mark[rows]]
-                self.next_read[hit] = t
-                self._mark[hit] = False
-            self._mark[done] = False
+            _, lo, hi = self._steps.popleft()
+            at = np.arange(lo, hi, dtype=np.int64) % cap
+            self.next_read[self._rows[at]] = self._link[at]
+            self._lo = hi
 
     def priorities(self, rows: np.ndarray) -> np.ndarray:
         return self.next_read[rows]
+
+    def _reserve(self, n: int) -> None:
+        """Grow the ring (keeping each live entry's global index) so that n more entries fit."""
+        cap = self._rows.shape[0]
+        need = self._hi - self._lo + n
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap)
+        old = np.arange(self._lo, self._hi, dtype=np.int64)
+        for name in ("_rows", "_link"):
+            grown = np.empty(new_cap, dtype=np.int64)
+            grown[old % new_cap] = getattr(self, name)[old % cap]
+            setattr(self, name, grown)

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Dict
 
 import numpy as np
+
+PHASES = ("announce", "lookup", "exchange", "update", "bookkeeping", "flush")
+"""Where a rank's training thread spends its engine time in one step (see StepMetrics.phase_s)."""
 
 
 @dataclass
@@ -16,6 +20,13 @@ class StepMetrics:
         barrier; it includes waiting for slower ranks, not only for flushes).
     rows_flushed / bytes_flushed: host writes this rank's flushers (and its gate) applied
         since the previous step's metrics.
+    phase_s: seconds of the training thread in the engine since the previous step's metrics,
+        by phase (waits excluded; on CUDA, launch time of the device work):
+        announce (checking and handing over lookahead and step batches), lookup, exchange
+        (staging this rank's gradients and summing the owned rows' gradients of all ranks),
+        update (the optimizer on the owner's rows), bookkeeping (ingesting the lookahead on
+        this thread if the background has not, retiring the step, queueing the host writes
+        with their priorities), flush (writing the rows the next step reads from host).
     """
 
     step: int
@@ -29,6 +40,7 @@ class StepMetrics:
     lookups: int
     cache_hits: int
     dynamic_rows: int
+    phase_s: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def cache_hit_ratio(self) -> float:

@@ -1,0 +1,99 @@
+"""The rows each rank announces for its future steps, in a ring of slots in its shared mailbox.
+
+A rank publishes step t by writing the rows it will read from host at t (its batch's rows
+minus the ones it caches itself), unique and grouped by owner, into slot ``t % ring`` of its
+own mailbox, then raising its PUBLISHED counter. An owner collects step t from every rank's
+slot: its own group of each, merged into one sorted set of rows. A slot is reused only once
+every owner has ingested the step it held (the INGESTED counters), so ``ring`` = L + 2 slots
+let a rank run L steps ahead of the slowest owner's ingestion.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .errors import FrugalError
+from .gate import INGESTED, PUBLISHED, Control
+
+
+def unique_sorted(rows: np.ndarray) -> np.ndarray:
+    """Unique values of ``rows``; O(n) when it is already sorted (the common case)."""
+    if rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+        return np.unique(rows)
+    return rows
+
+
+def merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """Unique values of the concatenation of sorted runs, and each element's index into them.
+
+    A stable sort of a few sorted runs is a merge (timsort), cheaper than hashing every value.
+    """
+    cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    if cat.size == 0:
+        return cat, np.zeros(0, dtype=np.int64)
+    order = np.argsort(cat, kind="stable")
+    srt = cat[order]
+    first = np.empty(srt.shape[0], dtype=bool)
+    first[0] = True
+    np.not_equal(srt[1:], srt[:-1], out=first[1:])
+    inverse = np.empty(cat.shape[0], dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return srt[first], inverse
+
+
+class LookaheadRing:
+    """One rank's view of every rank's announcement ring (its own to write, all to read)."""
+
+    def __init__(
+        self,
+        boxes: Sequence[dict],
+        rank: int,
+        ring: int,
+        control: Control,
+        owner: np.ndarray,
+        mine_cached: np.ndarray,
+    ) -> None:
+        self.boxes = boxes
+        self.rank = rank
+        self.world_size = len(boxes)
+        self.ring = ring
+        self.control = control
+        self.owner = owner
+        self.mine_cached = mine_cached
+
+    def publish(self, t: int, rows: np.ndarray, idle: Optional[Callable[[], bool]] = None) -> None:
+        """Announce the rows this rank reads from host at step t, grouped by owner."""
+        u = unique_sorted(rows)
+        u = u[~self.mine_cached[u]]
+        own = self.owner[u]
+        order = np.argsort(own, kind="stable")
+        slot = t % self.ring
+        # The slot held step t - ring; every owner must have ingested it before we overwrite.
+        self.control.wait(
+            lambda: [r for r, w in enumerate(self.control.get(INGESTED)) if w < t - self.ring],
+            f"owners to ingest lookahead step {t - self.ring}",
+            idle,
+        )
+        box = self.boxes[self.rank]
+        box["la_rows"][slot, : u.shape[0]] = torch.from_numpy(u[order])
+        box["la_counts"][slot] = torch.from_numpy(np.bincount(own, minlength=self.world_size))
+        box["la_step"][slot] = t
+        self.control.set(PUBLISHED, t)
+
+    def published_through(self) -> int:
+        """The newest step every rank has published."""
+        return int(self.control.get(PUBLISHED).min())
+
+    def collect(self, t: int) -> np.ndarray:
+        """The sorted, unique rows of this owner that some rank reads from host at step t."""
+        slot = t % self.ring
+        parts: List[np.ndarray] = []
+        for r, box in enumerate(self.boxes):
+            if int(box["la_step"][slot]) != t:
+                raise FrugalError(f"rank {r}'s lookahead slot holds step {int(box['la_step'][slot])}, not {t}")
+            counts = box["la_counts"][slot].numpy()
+            lo = int(counts[: self.rank].sum())
+            parts.append(box["la_rows"][slot, lo : lo + int(counts[self.rank])].numpy())
+        return merge_unique(parts)[0]

@@ -178,6 +178,40 @@ def test_host_tables_read_write_on_cpu(path: str) -> None:
     assert ht.mapped == {}
 
 
+def test_pick_path_takes_the_nearest_calibrated_size() -> None:
+    choices = [(1024, "pinned"), (16384, "zero_copy"), (262144, "pinned")]
+    assert device_mod.pick_path(choices, 1) == "pinned"
+    assert device_mod.pick_path(choices, 3000) == "pinned"  # nearer 1k than 16k on a log scale
+    assert device_mod.pick_path(choices, 8000) == "zero_copy"
+    assert device_mod.pick_path(choices, 100_000) == "pinned"
+    assert device_mod.pick_path(choices, 10**9) == "pinned"
+
+
+def test_calibration_times_both_paths_and_leaves_the_tables_unchanged() -> None:
+    seg = _segment(5000, 4)
+    seg["weights"].copy_(torch.randn(5000, 4))
+    seg["state"].copy_(torch.randn(5000, 1))
+    before = seg["weights"].clone(), seg["state"].clone()
+    ht = HostTables({"weights": seg["weights"], "state": seg["state"]}, seg.base, CPU, "auto", seg)
+    assert ht.path_by_size == {}  # on CPU the table is read in place: nothing to choose
+    ht.calibrate(sizes=(10, 300, 10**6), reps=2)
+    sizes = [int(r["rows"]) for r in ht.calibration]  # distinct rows drawn at 10, 300 and 5000 (capped)
+    assert len(sizes) == 3 and 0 < sizes[0] <= 10 < sizes[1] <= 300 < sizes[2] <= 5000
+    for r in ht.calibration:
+        assert all(r[f"{op}_{p}_s"] > 0 for op in ("read", "write") for p in ("zero_copy", "pinned"))
+    assert set(ht.path_by_size) == {"read", "write"} and all(len(v) == 3 for v in ht.path_by_size.values())
+    assert torch.equal(seg["weights"], before[0]) and torch.equal(seg["state"], before[1])
+    # Whatever was chosen per size, reads and writes are exact; force one of each.
+    ht.path_by_size = {"read": [(10, "pinned"), (1000, "zero_copy")], "write": [(10, "zero_copy"), (1000, "pinned")]}
+    for n in (3, 2000):
+        rows = torch.randperm(5000)[:n]
+        assert torch.equal(ht.read("weights", rows), seg["weights"][rows])
+        vals = torch.randn(n, 4)
+        ht.write("weights", rows, vals)
+        assert torch.equal(seg["weights"][rows], vals)
+    ht.close()
+
+
 @pytest.mark.parametrize("in_host", [None, False])
 def test_engine_pinned_path_single_rank(in_host) -> None:
     """The staged path gives exactly what the in-place path gives (one rank, lookahead on)."""

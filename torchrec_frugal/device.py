@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import mmap
+import time
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -187,6 +189,15 @@ class _Staging:
 
 
 # ---------------------------------------------------------------------------------------------- host tables
+CALIBRATION_ROWS = (1 << 10, 1 << 14, 1 << 18)  # rows per call at which the two paths are timed
+
+
+def pick_path(choices: Sequence[Tuple[int, str]], n: int) -> str:
+    """The path measured fastest at the calibrated size nearest to ``n`` rows (log scale)."""
+    _, path = min(choices, key=lambda c: abs(math.log(max(c[0], 1)) - math.log(max(n, 1))))
+    return path
+
+
 class _CudaArray:
     """A raw device address as ``__cuda_array_interface__``, for torch to wrap without copying."""
 
@@ -357,6 +368,55 @@ class HostTables:
         pin = device.type == "cuda"
         self._read_stage = {k: _Staging(v.shape[1], pin) for k, v in tables.items()}
         self._write_stage = {k: _Staging(v.shape[1], pin) for k, v in tables.items()}
+        # Per operation, (rows, path) pairs: the path measured fastest at that many rows.
+        self.path_by_size: Dict[str, List[Tuple[int, str]]] = {}
+        self.calibration: List[Dict[str, float]] = []
+        if device.type == "cuda" and requested == "auto" and self.path == "zero_copy":
+            self.calibrate()
+
+    def calibrate(self, sizes: Sequence[int] = CALIBRATION_ROWS, reps: int = 5) -> None:
+        """Time both paths on this machine and use, for each size, the one that was faster.
+
+        Which path wins depends on the link, the row width and the number of rows (a gather
+        kernel over a mapping suffers from scattered small rows, a host gather plus one copy
+        from per-call overheads), so it is measured here rather than fixed. Distinct rows in
+        row order, as the engine reads and writes them; the writes put back each row's own
+        value, so the tables do not change.
+        """
+        name = "weights" if "weights" in self.host else next(iter(self.host))
+        table = self.host[name]
+        gen = torch.Generator().manual_seed(0)
+        self.calibration = []
+        for size in sorted({min(int(n), table.shape[0]) for n in sizes}):
+            rows = torch.unique(torch.randint(0, table.shape[0], (size,), generator=gen))
+            rows_dev = rows.to(self.device)
+            values = self._read("pinned", name, rows, rows_dev)
+            row: Dict[str, float] = {"rows": float(rows.shape[0])}
+            for path in ("zero_copy", "pinned"):
+                row[f"read_{path}_s"] = self._median_s(lambda p=path: self._read(p, name, rows, rows_dev), reps)
+                row[f"write_{path}_s"] = self._median_s(lambda p=path: self._write(p, name, rows, values, rows_dev), reps)
+            self.calibration.append(row)
+        self.path_by_size = {
+            op: [
+                (int(r["rows"]), "zero_copy" if r[f"{op}_zero_copy_s"] <= r[f"{op}_pinned_s"] else "pinned")
+                for r in self.calibration
+            ]
+            for op in ("read", "write")
+        }
+
+    def _median_s(self, fn: Callable[[], object], reps: int) -> float:
+        fn()  # warm-up: staging buffers, kernels
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            _mark(self.device).synchronize()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    def _path(self, op: str, n: int) -> str:
+        choices = self.path_by_size.get(op)
+        return pick_path(choices, n) if choices else self.path
 
     @property
     def registered(self) -> bool:
@@ -368,7 +428,10 @@ class HostTables:
         ``rows_on_device`` may pass the same indices already moved (the zero-copy gather reads
         them on the device).
         """
-        if self.path == "zero_copy":
+        return self._read(self._path("read", rows.shape[0]), name, rows, rows_on_device)
+
+    def _read(self, path: str, name: str, rows: torch.Tensor, rows_on_device: Optional[torch.Tensor]) -> torch.Tensor:
+        if path == "zero_copy":
             idx = rows_on_device if rows_on_device is not None else rows.to(self.device, non_blocking=True)
             return self.mapped[name].index_select(0, idx)
         stage = self._read_stage[name]
@@ -387,7 +450,12 @@ class HostTables:
         asynchronous device-to-host copy into staging, then the host scatters (this waits for
         the copy, not for the rest of the device's work).
         """
-        if self.path == "zero_copy":
+        self._write(self._path("write", rows.shape[0]), name, rows, values, rows_on_device)
+
+    def _write(
+        self, path: str, name: str, rows: torch.Tensor, values: torch.Tensor, rows_on_device: Optional[torch.Tensor]
+    ) -> None:
+        if path == "zero_copy":
             idx = rows_on_device if rows_on_device is not None else rows.to(self.device, non_blocking=True)
             self.mapped[name].index_copy_(0, idx, values)
             return

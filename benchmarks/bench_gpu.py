@@ -14,10 +14,19 @@ Measured (on the current CUDA device, tables in a shared-memory segment as the e
 * flush: rows/s and GB/s of writing random rows from device memory back into the host table on
   the flush side stream (zero_copy: one scatter kernel into mapped memory; pinned: an
   asynchronous device-to-host copy, then the host scatters), until the flush's event is reached.
+* reads: the host reads of a training step from a table of about 4 GiB (dim 32): 16k, 64k, 256k
+  and 1M Zipf(1.2) ids per step over permuted rows, duplicates included, as batches have them;
+  per path, in the old order (every id read where it stands) and the engine's order (each
+  distinct row once, in row order, then expanded on the device: ``plan_lookup(sorted_reads)``,
+  host-side planning included in the time). Reported as GB/s of distinct rows, with the
+  calibration ``host_path="auto"`` made on this machine.
 * gate: 2 and 4 ranks sharing the GPU (gloo) train a DLRM-like step (lookup, an MLP forward and
   backward on the device, row gradients, apply_gradients) on Zipf(1.2) ids; per step the engine's
-  own metrics give the gate wait, the gradient-exchange wait and the step time, for L=10 on both
-  host paths and for write-through (L=0).
+  own metrics give the gate wait, the gradient-exchange wait, the step time and the training
+  thread's engine time by phase (``StepMetrics.phase_s``; dense = step minus engine minus waits),
+  for L=10 on both host paths and for write-through (L=0).
+
+``--suites`` picks among ``paths`` (the gather and flush figures above), ``reads`` and ``gate``.
 
 Wall times are read after ``torch.cuda.synchronize()``; ``--render`` only formats a JSON this
 script wrote, with the test results that scripts/device_check.sh recorded.
@@ -46,8 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchrec_frugal import shm  # noqa: E402
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
-from torchrec_frugal.device import HostTables, Streams  # noqa: E402
+from torchrec_frugal.device import HostTables, Streams, plan_lookup  # noqa: E402
 from torchrec_frugal.engine import FrugalEngine  # noqa: E402
+from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.workload import ZipfWorkload  # noqa: E402
 
 
@@ -123,6 +133,48 @@ def bench_paths(table_bytes: int, n_rows: int, dims: List[int], reps: int) -> Di
     return {"table_bytes": table_bytes, "gather": gather, "flush": flush}
 
 
+# ---------------------------------------------------------------------------------------------- step reads
+def bench_reads(table_bytes: int, dim: int, counts: List[int], reps: int) -> Dict[str, Any]:
+    """Host reads of a step's ids, per path, as they stand and as the engine orders them."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rows_total = table_bytes // (dim * 4)
+    seg = _host_table(rows_total, dim)
+    tables = {"weights": seg["weights"]}
+    paths = {"zero_copy": HostTables(tables, seg.base, dev, "zero_copy", seg),
+             "pinned": HostTables(tables, seg.base, dev, "pinned", seg)}
+    no_cache = np.full(rows_total, -1, dtype=np.int64)
+    perm = np.random.default_rng(0).permutation(rows_total)
+    out: List[Dict[str, Any]] = []
+    for n in counts:
+        ids = perm[(np.random.default_rng(n).zipf(1.2, n) - 1) % rows_total]
+        distinct = int(np.unique(ids).shape[0])
+        rows = torch.from_numpy(ids)
+        rows_dev = rows.to(dev)
+        want = seg["weights"][rows[:1000]]
+        for path, ht in paths.items():
+
+            def as_is(ht: HostTables = ht) -> torch.Tensor:
+                return ht.read("weights", rows, rows_dev)
+
+            def ordered(ht: HostTables = ht) -> torch.Tensor:
+                plan = plan_lookup(no_cache, 0, ids, sorted_reads=True)
+                _, _, _, host_rows, expand = plan.parts(plan.packed.to(dev, non_blocking=True))
+                got = ht.read("weights", plan.parts()[3], host_rows)
+                return got.index_select(0, expand) if plan.n_expand else got
+
+            for order, fn in (("as_is", as_is), ("distinct_sorted", ordered)):
+                assert torch.equal(fn()[:1000].cpu(), want), f"{path} {order} read wrong rows"
+                t = _median_s(fn, reps)
+                out.append({"ids": n, "distinct": distinct, "path": path, "order": order, "ms": t * 1e3,
+                            "gb_s_distinct": distinct * dim * 4 / t / 1e9})
+    zc = paths["zero_copy"]
+    zc.calibrate()  # what host_path="auto" measures at start-up (one registration per range)
+    for ht in paths.values():
+        ht.close()
+    return {"table_bytes": rows_total * dim * 4, "dim": dim, "reads": out, "calibration": zc.calibration,
+            "path_by_size": zc.path_by_size}
+
+
 # ---------------------------------------------------------------------------------------------- gate stall
 TABLE_ROWS = [1_000_000, 500_000, 200_000, 100_000]
 DIM = 32
@@ -146,7 +198,11 @@ def _gate_rank(rank: int, world: int, mode: Dict[str, Any], steps: int, batch: i
     for s in range(min(eng.lookahead, total)):
         eng.push_lookahead(uniq[s][0])
     per_step = []
+    phases = {k: 0.0 for k in PHASES}
+    wall0 = time.perf_counter()
     for s in range(total):
+        if s == warmup:
+            wall0 = time.perf_counter()
         if eng.lookahead and s + eng.lookahead < total:
             eng.push_lookahead(uniq[s + eng.lookahead][0])
         u, inv = uniq[s]
@@ -161,10 +217,19 @@ def _gate_rank(rank: int, world: int, mode: Dict[str, Any], steps: int, batch: i
         m = eng.last_metrics
         if s >= warmup:
             per_step.append((m.gate_wait_s, m.exchange_wait_s, m.step_time_s, m.rows_flushed, m.cache_hit_ratio))
+            for k in PHASES:
+                phases[k] += m.phase_s[k]
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - wall0) / steps * 1e3
     eng.flush()
     eng.close()
     a = np.array(per_step)
+    engine_ms = {f"{k}_ms": v / len(per_step) * 1e3 for k, v in phases.items()}
+    waits_ms = (a[:, 0].mean() + a[:, 1].mean()) * 1e3
     return {
+        **engine_ms,
+        "wall_ms_per_step": float(wall_ms),
+        "dense_ms": float(wall_ms - waits_ms - sum(engine_ms.values())),
         "gate_wait_ms_mean": float(a[:, 0].mean() * 1e3),
         "gate_wait_ms_p90": float(np.percentile(a[:, 0], 90) * 1e3),
         "exchange_wait_ms_mean": float(a[:, 1].mean() * 1e3),
@@ -253,8 +318,38 @@ def render(results: Dict[str, Any], tests_tsv: str) -> str:
     for line in Path(tests_tsv).read_text().splitlines():
         name, summary = line.split("\t", 1)
         lines.append(f"| {name} | {summary} |")
-    p = results["paths"]
-    lines += [
+    if "reads" in results:
+        lines += _render_reads(results["reads"])
+    if "paths" in results:
+        lines += _render_paths(results["paths"])
+    if "gate" in results:
+        lines += _render_gate(results["gate"])
+    return "\n".join(lines) + "\n"
+
+
+def _render_reads(r: Dict[str, Any]) -> List[str]:
+    lines = [
+        "",
+        f"## Host reads of a step: Zipf(1.2) ids from a {r['table_bytes'] / 2**30:.1f} GiB table, dim {r['dim']}",
+        "",
+        "`as_is`: every id read where it stands (duplicates and all). `distinct_sorted`: each distinct row once, in",
+        "row order, then expanded on the device (the engine's order; host-side planning included). GB/s of distinct",
+        "rows.",
+        "",
+        "| ids | distinct | path | order | ms | GB/s (distinct) |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {x['ids']} | {x['distinct']} | {x['path']} | {x['order']} | {x['ms']:.3f} | {x['gb_s_distinct']:.1f} |"
+              for x in r["reads"]]
+    lines += ["", "Calibration of `host_path=\"auto\"` on this machine (ms per call; the faster path is used at that size):", "",
+              "| rows | read zero_copy | read pinned | write zero_copy | write pinned |", "|---|---|---|---|---|"]
+    lines += [f"| {int(c['rows'])} | {c['read_zero_copy_s'] * 1e3:.3f} | {c['read_pinned_s'] * 1e3:.3f} | "
+              f"{c['write_zero_copy_s'] * 1e3:.3f} | {c['write_pinned_s'] * 1e3:.3f} |" for c in r["calibration"]]
+    return lines
+
+
+def _render_paths(p: Dict[str, Any]) -> List[str]:
+    lines = [
         "",
         f"## Host reads: gather of random rows from a {p['table_bytes'] / 2**30:.1f} GiB table",
         "",
@@ -277,7 +372,11 @@ def render(results: Dict[str, Any], tests_tsv: str) -> str:
         f"| {x['dim']} | {x['rows']} | {x['path']} | {x['ms']:.3f} | {x['rows_s'] / 1e6:.2f} | {x['gb_s']:.1f} |"
         for x in p["flush"]
     ]
-    lines += [
+    return lines
+
+
+def _render_gate(gate: List[Dict[str, Any]]) -> List[str]:
+    lines = [
         "",
         f"## Gate stall per step: ranks sharing one GPU, DLRM-like step, tables {TABLE_ROWS} x dim {DIM}, Zipf 1.2, cache 5%",
         "",
@@ -290,9 +389,23 @@ def render(results: Dict[str, Any], tests_tsv: str) -> str:
         f"| {r['world']} | {r['batch']} | {r['lookahead']} | {r['host_path']} | {r['step_ms_mean']:.2f} | "
         f"{r['gate_wait_ms_mean']:.3f} / {r['gate_wait_ms_p90']:.3f} | {100 * r['gate_stall_fraction']:.1f}% | "
         f"{r['exchange_wait_ms_mean']:.2f} | {r['rows_flushed_per_step']:.0f} | {r['cache_hit_ratio']:.2f} |"
-        for r in results["gate"]
+        for r in gate
     ]
-    return "\n".join(lines) + "\n"
+    lines += [
+        "",
+        "Where a step's time goes (ms per step, training thread): the engine's phases from `StepMetrics.phase_s`,",
+        "the two waits, and dense = wall time per step minus all of those (the model's forward and backward).",
+        "",
+        "| ranks | L | host path | wall ms | " + " | ".join(PHASES) + " | gate wait | exchange wait | dense |",
+        "|---|---|---|---|" + "---|" * (len(PHASES) + 3),
+    ]
+    lines += [
+        f"| {r['world']} | {r['lookahead']} | {r['host_path']} | {r['wall_ms_per_step']:.2f} | "
+        + " | ".join(f"{r[k + '_ms']:.2f}" for k in PHASES)
+        + f" | {r['gate_wait_ms_mean']:.2f} | {r['exchange_wait_ms_mean']:.2f} | {r['dense_ms']:.2f} |"
+        for r in gate
+    ]
+    return lines
 
 
 def main() -> None:
@@ -300,6 +413,7 @@ def main() -> None:
     ap.add_argument("--json", help="write measurements here")
     ap.add_argument("--quick", action="store_true", help="smaller tables and fewer steps (a smoke run)")
     ap.add_argument("--gather-rows", type=int, default=1 << 20)
+    ap.add_argument("--suites", default="reads,paths,gate", help="comma-separated: reads, paths, gate")
     ap.add_argument("--render", help="a JSON this script wrote: format it as markdown")
     ap.add_argument("--tests", help="with --render: tab-separated suite and result lines")
     ap.add_argument("--md", help="with --render: write the markdown here")
@@ -312,14 +426,28 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs CUDA")
     quick = args.quick
+    suites = set(args.suites.split(","))
     results: Dict[str, Any] = {"facts": _gpu_facts()}
-    results["paths"] = bench_paths(
-        table_bytes=(1 << 28) if quick else (1 << 30),
-        n_rows=(1 << 16) if quick else args.gather_rows,
-        dims=[32, 128],
-        reps=5 if quick else 20,
-    )
-    print(json.dumps(results["paths"], indent=1), flush=True)
+    if "reads" in suites:
+        results["reads"] = bench_reads(
+            table_bytes=(1 << 28) if quick else (1 << 32),
+            dim=32,
+            counts=[1 << 14, 1 << 16] if quick else [1 << 14, 1 << 16, 1 << 18, 1 << 20],
+            reps=5 if quick else 10,
+        )
+        print(json.dumps(results["reads"], indent=1), flush=True)
+    if "paths" in suites:
+        results["paths"] = bench_paths(
+            table_bytes=(1 << 28) if quick else (1 << 30),
+            n_rows=(1 << 16) if quick else args.gather_rows,
+            dims=[32, 128],
+            reps=5 if quick else 20,
+        )
+        print(json.dumps(results["paths"], indent=1), flush=True)
+    if "gate" not in suites:
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return
     modes = [
         {"lookahead": 10, "host_path": "zero_copy"},
         {"lookahead": 10, "host_path": "pinned"},

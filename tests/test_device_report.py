@@ -37,14 +37,26 @@ def test_report_renders_every_section(tmp_path: Path) -> None:
         "gate": [
             {"world": w, "batch": 8, "steps": 3, "lookahead": 10, "host_path": "zero_copy", "step_ms_mean": 1.0,
              "gate_wait_ms_mean": 0.1, "gate_wait_ms_p90": 0.2, "gate_stall_fraction": 0.1, "exchange_wait_ms_mean": 0.3,
-             "rows_flushed_per_step": 5.0, "cache_hit_ratio": 0.5}
+             "rows_flushed_per_step": 5.0, "cache_hit_ratio": 0.5, "wall_ms_per_step": 2.0, "dense_ms": 0.5,
+             **{f"{k}_ms": 0.01 for k in ("announce", "lookup", "exchange", "update", "bookkeeping", "flush")}}
             for w in (2, 4)
         ],
+        "reads": {
+            "table_bytes": 1 << 32, "dim": 32,
+            "reads": [{"ids": 16384, "distinct": 9000, "path": p, "order": o, "ms": 1.0, "gb_s_distinct": 1.2}
+                      for p in ("zero_copy", "pinned") for o in ("as_is", "distinct_sorted")],
+            "calibration": [{"rows": 1024.0, "read_zero_copy_s": 1e-4, "read_pinned_s": 2e-4,
+                             "write_zero_copy_s": 1e-4, "write_pinned_s": 2e-4}],
+            "path_by_size": {"read": [[1024, "zero_copy"]], "write": [[1024, "zero_copy"]]},
+        },
     }
     tests = tmp_path / "tests.tsv"
     tests.write_text("suite a\t3 passed (exit 0)\nTorchRec exactness\tnot run: no torchrec\n")
     md = _bench().render(results, str(tests))
     assert "GPU-X, driver 1.0" in md and "| suite a | 3 passed (exit 0) |" in md
-    for heading in ("## Tests", "## Host reads", "## Flushes", "## Gate stall per step"):
+    for heading in ("## Tests", "## Host reads", "## Host reads of a step", "## Flushes", "## Gate stall per step"):
         assert heading in md
+    assert "| 16384 | 9000 | pinned | distinct_sorted | 1.000 | 1.2 |" in md
+    assert "| 1024 | 0.100 | 0.200 | 0.100 | 0.200 |" in md  # calibration, ms per call
+    assert "| 2 | 10 | zero_copy | 2.00 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.10 | 0.30 | 0.50 |" in md
     assert md.count("| zero_copy |") >= 2 and "| 4 | 8 | 10 | zero_copy |" in md

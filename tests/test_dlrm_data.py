@@ -162,11 +162,23 @@ def test_auc_matches_torchmetrics():
     assert auc(s, y) == pytest.approx(float(binary_auroc(torch.tensor(s), torch.tensor(y).long())), abs=1e-6)
 
 
+def test_loader_workers_make_the_same_batches_off_the_training_process():
+    d = small_data(batch_size=64, seed=5)
+    inline = list(d.batches(1, 4, 6))
+    made = list(d.batches(1, 4, 6, workers=2))
+    assert len(made) == 6
+    for x, y in zip(inline, made):
+        assert torch.equal(x.sparse_features.values(), y.sparse_features.values())
+        assert torch.equal(x.dense_features, y.dense_features) and torch.equal(x.labels, y.labels)
+
+
 def test_count_ids_of_batches():
     d = small_data(batch_size=32)
     names = d.dataset.table_names()
     counts = count_ids(d.batches(0, 0, 3), names, d.rows)
     assert torch.equal(counts["t_cat_3"], d.presample_counts([0], 3)["t_cat_3"])
+    both = d.presample_counts([0, 1], 3)
+    assert torch.equal(both["t_cat_3"], counts["t_cat_3"] + count_ids(d.batches(1, 0, 3), names, d.rows)["t_cat_3"])
 
 
 # ------------------------------------------------------------------ real Criteo files

@@ -162,8 +162,19 @@ class SyntheticClickData:
         dense, ids, labels, _ = self.arrays(rank, step, split)
         return make_batch(self._layout, dense, ids, labels)
 
-    def batches(self, rank: int, start: int = 0, num: Optional[int] = None, split: str = "train") -> Iterator[Batch]:
-        """Batches ``start, start + 1, ...`` of ``rank`` (endless if ``num`` is None)."""
+    def batches(
+        self, rank: int, start: int = 0, num: Optional[int] = None, split: str = "train", workers: int = 0
+    ) -> Iterator[Batch]:
+        """Batches ``start, start + 1, ...`` of ``rank`` (endless if ``num`` is None).
+
+        With ``workers`` > 0 (``num`` given) they are made by that many DataLoader worker
+        processes, ahead of use and off the training thread, as a real input pipeline makes
+        them; the batches and their order are the same.
+        """
+        if workers > 0 and num is not None:
+            dataset = _SyntheticSteps(self, rank, start, num, split)
+            yield from torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, prefetch_factor=4)
+            return
         steps = itertools.count(start) if num is None else range(start, start + num)
         for s in steps:
             yield self.batch(rank, s, split)
@@ -178,10 +189,8 @@ class SyntheticClickData:
         """
         names = list(table_names) if table_names is not None else self.dataset.table_names()
         total = int(sum(self.rows))
-        counts = np.zeros(total, dtype=np.int64)
-        for r in ranks:
-            for s in range(steps):
-                counts += np.bincount((self.ids(r, s) + self._offsets).reshape(-1), minlength=total)
+        ids = [(self.ids(r, s) + self._offsets).reshape(-1) for r in ranks for s in range(steps)]
+        counts = np.bincount(np.concatenate(ids), minlength=total) if ids else np.zeros(total, dtype=np.int64)
         return {
             n: torch.from_numpy(counts[int(o) : int(o) + rows].copy())
             for n, o, rows in zip(names, self._offsets[:, 0], self.rows)
@@ -195,6 +204,19 @@ class SyntheticClickData:
             probs.append(p)
             labels.append(y)
         return auc(np.concatenate(probs), np.concatenate(labels))
+
+
+class _SyntheticSteps(torch.utils.data.Dataset):
+    """Batches ``start .. start + num - 1`` of one rank, by index, for DataLoader workers."""
+
+    def __init__(self, data: SyntheticClickData, rank: int, start: int, num: int, split: str) -> None:
+        self.data, self.rank, self.start, self.num, self.split = data, rank, start, num, split
+
+    def __len__(self) -> int:
+        return self.num
+
+    def __getitem__(self, i: int) -> Batch:
+        return self.data.batch(self.rank, self.start + i, self.split)
 
 
 def count_ids(

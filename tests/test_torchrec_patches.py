@@ -1,11 +1,13 @@
 """The planner shims of torchrec_frugal.torchrec.patches.
 
-Each shim must still wrap the TorchRec function it was written against (the tests below fail when
-a TorchRec upgrade changes one: review the shim, then update its recorded hash), answer for the
-"frugal" type, and hand every other sharding type to TorchRec unchanged.
+Each shim must still wrap the TorchRec function it was written against in the installed TorchRec
+release (the tests below fail when TorchRec changes one, or when the release is not supported:
+review the shim, then record the hash in patches.RELEASES), answer for the "frugal" type, and
+hand every other sharding type to TorchRec unchanged.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict
 
 import pytest
@@ -27,17 +29,49 @@ def _patch(module: Any, name: str) -> patches.Patch:
     return next(p for p in patches.PATCHES if p.module is module and p.name == name)
 
 
-@pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: f"{p.module.__name__}.{p.name}")
-def test_wrapped_torchrec_function_is_unchanged(patch: patches.Patch) -> None:
-    assert patches.source_sha256(patches.original(patch)) == patch.source_sha256, (
-        f"TorchRec changed {patch.module.__name__}.{patch.name}: review the shim in "
-        "torchrec_frugal/torchrec/patches.py, then record the new hash"
+def test_installed_torchrec_is_a_supported_release() -> None:
+    assert patches.release_of(patches.TORCHREC_VERSION) in patches.RELEASES, (
+        f"TorchRec {patches.TORCHREC_VERSION} is not among the supported releases {sorted(patches.RELEASES)}: "
+        "check each shim against its sources, then add the release to patches.RELEASES"
     )
 
 
-@pytest.mark.parametrize("module,name,sha", patches.RELIED_ON, ids=lambda x: getattr(x, "__name__", str(x))[:40])
-def test_torchrec_function_relied_on_is_unchanged(module: Any, name: str, sha: str) -> None:
-    assert patches.source_sha256(getattr(module, name)) == sha, f"TorchRec changed {module.__name__}.{name}"
+@pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: p.key)
+def test_wrapped_torchrec_function_is_unchanged(patch: patches.Patch) -> None:
+    assert patches.source_sha256(patches.original(patch)) == patches.RELEASE.sha256[patch.key], (
+        f"TorchRec {patches.TORCHREC_VERSION} changed {patch.module.__name__}.{patch.name}: review the shim "
+        "in torchrec_frugal/torchrec/patches.py, then record the new hash in patches.RELEASES"
+    )
+
+
+@pytest.mark.parametrize("module,name", patches.RELIED_ON, ids=lambda x: getattr(x, "__name__", str(x))[:40])
+def test_torchrec_function_relied_on_is_unchanged(module: Any, name: str) -> None:
+    assert patches.source_sha256(getattr(module, name)) == patches.RELEASE.sha256[patches.sha256_key(module, name)], (
+        f"TorchRec {patches.TORCHREC_VERSION} changed {module.__name__}.{name}"
+    )
+
+
+@pytest.mark.parametrize("release", sorted(patches.RELEASES))
+def test_every_release_records_every_wrapped_function(release: str) -> None:
+    keys = {p.key for p in patches.PATCHES} | {patches.sha256_key(m, n) for m, n in patches.RELIED_ON}
+    assert set(patches.RELEASES[release].sha256) == keys
+
+
+@pytest.mark.parametrize(
+    "version,release", [("1.6.1", "1.6"), ("1.8.0", "1.8"), ("1.9.2", "1.9"), ("1.9.0.dev20250101+cpu", "1.9")]
+)
+def test_supported_versions_get_their_release_s_shims_silently(version: str, release: str) -> None:
+    assert patches.select_release(version) == release
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        patches.warn_if_unsupported(version)
+
+
+@pytest.mark.parametrize("version", ["1.7.0", "1.10.0", "2.0.0a0", "unknown"])
+def test_an_unsupported_torchrec_warns_and_gets_the_newest_shims(version: str) -> None:
+    assert patches.select_release(version) == "1.9"
+    with pytest.warns(patches.UnsupportedTorchRecWarning, match=rf"TorchRec 1\.6, 1\.8, 1\.9; TorchRec {version} is"):
+        patches.warn_if_unsupported(version)
 
 
 def test_apply_installs_each_shim_once() -> None:
@@ -105,11 +139,17 @@ def test_io_sizes_of_frugal_are_data_parallel_ones() -> None:
     assert stats._calculate_shard_io_sizes is not patches.original(_patch(stats, "_calculate_shard_io_sizes"))
 
 
+def _sharder_arg(sharder: FrugalEmbeddingBagCollectionSharder) -> Dict[str, Any]:
+    """calculate_shard_storages takes the sharder itself before TorchRec 1.7, its SharderData since."""
+    arg = patches.RELEASE.storage_sharder_arg
+    return {arg: sharder if arg == "sharder" else build_sharder_data(sharder)}
+
+
 def _storages(sharding_type: str, compute_device: str, fused: Dict[str, Any]) -> Any:
     sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused)
     t = torch.empty(100, 16, device="meta")
     return shard_estimators.calculate_shard_storages(
-        sharder_data=build_sharder_data(sharder),
+        **_sharder_arg(sharder),
         sharding_type=sharding_type,
         tensor=t,
         compute_device=compute_device,
@@ -141,7 +181,7 @@ def test_storage_of_stock_types_is_torchrec_s() -> None:
     orig = patches.original(_patch(shard_estimators, "calculate_shard_storages"))
     sharder = FrugalEmbeddingBagCollectionSharder()
     kwargs = dict(
-        sharder_data=build_sharder_data(sharder),
+        **_sharder_arg(sharder),
         sharding_type="row_wise",
         tensor=torch.empty(100, 16, device="meta"),
         compute_device="cuda",

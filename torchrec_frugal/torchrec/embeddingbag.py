@@ -99,7 +99,10 @@ class FrugalShardedModuleMixin:
         self._frugal_features = [f for c in configs for f in c.feature_names]
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
-        super()._initialize_torch_state(skip_registering)  # type: ignore[misc]
+        if skip_registering:
+            super()._initialize_torch_state(skip_registering)  # type: ignore[misc]
+        else:  # TorchRec 1.6's ShardedEmbeddingCollection takes no argument here
+            super()._initialize_torch_state()  # type: ignore[misc]
         if not skip_registering:
             self._register_frugal_state_hooks()
 

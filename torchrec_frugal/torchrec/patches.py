@@ -1,4 +1,4 @@
-"""Shims that teach TorchRec 1.8's planner the "frugal" sharding type.
+"""Shims that teach TorchRec's planner (1.6, 1.8 and 1.9) the "frugal" sharding type.
 
 TorchRec's planner dispatches on the stock sharding-type strings in a few module-level
 functions that raise on any other string. Each shim below wraps one of them: for "frugal" it
@@ -6,9 +6,11 @@ answers, for every other type it calls the original unchanged. With them, TorchR
 ``EmbeddingShardingPlanner`` (the one ``DistributedModelParallel`` builds when given no plan)
 enumerates, costs, partitions and reports frugal tables; ``FrugalShardingPlanner`` builds on it.
 
-``apply()`` installs them once (importing ``torchrec_frugal.torchrec`` calls it). ``PATCHES``
-records, for each, the SHA-256 of the original function's source that the shim was written
-against; tests/test_torchrec_patches.py fails when a TorchRec upgrade changes one.
+``apply()`` installs them once (importing ``torchrec_frugal.torchrec`` calls it). ``RELEASES``
+records, per supported TorchRec release line, the SHA-256 of each wrapped (or relied-on)
+function's source that the shims were checked against, and the one argument name that differs
+between them; tests/test_torchrec_patches.py fails when the installed TorchRec changes one. An
+unsupported TorchRec gets the newest release's shims and an ``UnsupportedTorchRecWarning``.
 
 What each shim decides for "frugal" (see patches/README.md for the reasons):
 
@@ -27,10 +29,14 @@ What each shim decides for "frugal" (see patches/README.md for the reasons):
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import inspect
+import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+import torchrec
 from torchrec.distributed.planner import enumerators, shard_estimators, stats
 from torchrec.distributed.planner.estimator import estimator as perf_estimator
 from torchrec.distributed.planner.estimator.estimator import DataParallelEvaluator
@@ -45,13 +51,102 @@ from .sharding import FRUGAL
 
 
 @dataclass(frozen=True)
+class Release:
+    """What the shims rely on in one TorchRec release line ("major.minor")."""
+
+    storage_sharder_arg: str  # the argument of calculate_shard_storages that carries fused_params
+    sha256: Dict[str, str]  # "module.function" (module under torchrec.distributed.planner) -> source SHA-256
+
+
+# Release 1.8.0; 1.9.2 has the very same sources.
+_SHA256_1_8 = {
+    "enumerators.calculate_shard_sizes_and_offsets": "3e2bf2e8aa811265e18e91ea3aac361c90f43a490e85cf54eb4583d998445fd7",
+    "enumerators.get_partition_by_type": "80f60cb23c32543855d44f867e5ccb54a1a8bd39d3bcd7f77e7fb3fd63716deb",
+    "shard_estimators.calculate_shard_storages": "df15280c8efacce49c2d487ed5ec369c00eeef647efc6402af7d7802ec785c78",
+    "shard_estimators._calculate_shard_io_sizes": "0ea579d1189a62173931d4ab5c50e79da0a4107d842a37061195237d1e5ed9cb",
+    "stats._calculate_shard_io_sizes": "0ea579d1189a62173931d4ab5c50e79da0a4107d842a37061195237d1e5ed9cb",
+    "stats._get_sharding_type_abbr": "6ae67b70ddfbed11098119d89fa112bcb2f436e9ede2cdc30d4ffd07e18b722d",
+    "estimator.get_embedding_perf_sharding_evaluator": "19ce0f0f58a11d885567804e69ff127935b644345330a2f9df286ffdb76e0b93",
+}
+
+RELEASES: Dict[str, Release] = {
+    # 1.6.1: calculate_shard_storages takes the live sharder; the shard-size and io-size functions
+    # lack 1.8's input checks (the shims do not depend on them).
+    "1.6": Release(
+        storage_sharder_arg="sharder",
+        sha256={
+            **_SHA256_1_8,
+            "enumerators.calculate_shard_sizes_and_offsets": "acd74c4d56e4a78d34f8789fc575b892a86b3524e678763b05b5f09148933d50",
+            "shard_estimators.calculate_shard_storages": "ebeb59218230a76cba166f845756d69edd9959e6197b1c8d33c385957703df4f",
+            "shard_estimators._calculate_shard_io_sizes": "602904e6b7d660fb2335a4a476fa80137d38327beaee6a2d68da81f1a39a0299",
+            "stats._calculate_shard_io_sizes": "602904e6b7d660fb2335a4a476fa80137d38327beaee6a2d68da81f1a39a0299",
+        },
+    ),
+    "1.8": Release(storage_sharder_arg="sharder_data", sha256=_SHA256_1_8),
+    "1.9": Release(storage_sharder_arg="sharder_data", sha256=_SHA256_1_8),
+}
+
+
+class UnsupportedTorchRecWarning(RuntimeWarning):
+    """The installed TorchRec is none of the releases whose sources the shims were checked against."""
+
+
+def _version_key(release: str) -> Tuple[int, ...]:
+    return tuple(int(x) for x in release.split("."))
+
+
+def release_of(version: str) -> str:
+    """The release line ("1.9") of a TorchRec version string ("1.9.2", "1.10.0.dev20250101")."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return f"{m[1]}.{m[2]}" if m else version
+
+
+def installed_version() -> str:
+    """TorchRec's version; a source build may lack ``torchrec.__version__``."""
+    return getattr(torchrec, "__version__", None) or importlib.metadata.version("torchrec")
+
+
+def select_release(version: str) -> str:
+    """The release whose shims serve ``version``: its own, or else the newest supported one.
+
+    TorchRec's planner helpers change little between releases, so the newest shims are the best
+    guess for an unknown (usually newer) release; the hash tests then say what changed.
+    """
+    release = release_of(version)
+    return release if release in RELEASES else max(RELEASES, key=_version_key)
+
+
+def warn_if_unsupported(version: str) -> None:
+    """At run time an unknown TorchRec warns rather than fails: the shims most likely still fit."""
+    if release_of(version) not in RELEASES:
+        warnings.warn(
+            f"torchrec_frugal supports TorchRec {', '.join(sorted(RELEASES, key=_version_key))}; "
+            f"TorchRec {version} is installed, so the planner shims of {select_release(version)} are used "
+            "unchecked (tests/test_torchrec_patches.py shows which TorchRec functions changed)",
+            UnsupportedTorchRecWarning,
+        )
+
+
+TORCHREC_VERSION = installed_version()
+RELEASE = RELEASES[select_release(TORCHREC_VERSION)]
+
+
+def sha256_key(module: Any, name: str) -> str:
+    """Key of ``module.name`` in ``Release.sha256``."""
+    return f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+
+
+@dataclass(frozen=True)
 class Patch:
     """A module-level function of TorchRec replaced by a frugal-aware wrapper."""
 
     module: Any
     name: str
-    source_sha256: str  # of the original's source, as the shim was written against
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
+
+    @property
+    def key(self) -> str:
+        return sha256_key(self.module, self.name)
 
 
 def source_sha256(fn: Callable[..., Any]) -> str:
@@ -112,7 +207,9 @@ def _calculate_shard_storages(original: Callable[..., List[Storage]]) -> Callabl
             num_poolings=a["num_poolings"],
             is_pooled=a["is_pooled"],
         )
-        row_bytes = frugal_row_bytes(tensor.shape[1], tensor.element_size(), a["sharder_data"].fused_params)
+        # SharderData (1.7+) holds {} where the live sharder (1.6) may hold None.
+        fused_params = a[RELEASE.storage_sharder_arg].fused_params or {}
+        row_bytes = frugal_row_bytes(tensor.shape[1], tensor.element_size(), fused_params)
         on_device = a["compute_device"] in {"cuda", "mtia"}
         storages = []
         for size, inp, out in zip(a["shard_sizes"], input_sizes, output_sizes):
@@ -168,53 +265,18 @@ class FrugalPerfEvaluator(DataParallelEvaluator):
 
 
 PATCHES: List[Patch] = [
-    Patch(
-        enumerators,
-        "calculate_shard_sizes_and_offsets",
-        "3e2bf2e8aa811265e18e91ea3aac361c90f43a490e85cf54eb4583d998445fd7",
-        _calculate_shard_sizes_and_offsets,
-    ),
-    Patch(
-        enumerators,
-        "get_partition_by_type",
-        "80f60cb23c32543855d44f867e5ccb54a1a8bd39d3bcd7f77e7fb3fd63716deb",
-        _get_partition_by_type,
-    ),
-    Patch(
-        shard_estimators,
-        "calculate_shard_storages",
-        "df15280c8efacce49c2d487ed5ec369c00eeef647efc6402af7d7802ec785c78",
-        _calculate_shard_storages,
-    ),
-    Patch(
-        shard_estimators,
-        "_calculate_shard_io_sizes",
-        "0ea579d1189a62173931d4ab5c50e79da0a4107d842a37061195237d1e5ed9cb",
-        _calculate_shard_io_sizes,
-    ),
-    # stats imports it by name for the planner's report.
-    Patch(
-        stats,
-        "_calculate_shard_io_sizes",
-        "0ea579d1189a62173931d4ab5c50e79da0a4107d842a37061195237d1e5ed9cb",
-        _calculate_shard_io_sizes,
-    ),
-    Patch(
-        stats,
-        "_get_sharding_type_abbr",
-        "6ae67b70ddfbed11098119d89fa112bcb2f436e9ede2cdc30d4ffd07e18b722d",
-        _get_sharding_type_abbr,
-    ),
+    Patch(enumerators, "calculate_shard_sizes_and_offsets", _calculate_shard_sizes_and_offsets),
+    Patch(enumerators, "get_partition_by_type", _get_partition_by_type),
+    Patch(shard_estimators, "calculate_shard_storages", _calculate_shard_storages),
+    Patch(shard_estimators, "_calculate_shard_io_sizes", _calculate_shard_io_sizes),
+    Patch(stats, "_calculate_shard_io_sizes", _calculate_shard_io_sizes),  # imported by name for the report
+    Patch(stats, "_get_sharding_type_abbr", _get_sharding_type_abbr),
 ]
 
-# TorchRec functions the shims rely on without replacing them: (module, name, source SHA-256).
-RELIED_ON: List[Tuple[Any, str, str]] = [
+# TorchRec functions the shims rely on without replacing them (their hashes are in RELEASES too).
+RELIED_ON: List[Tuple[Any, str]] = [
     # The perf model finds FrugalPerfEvaluator through this lookup in TRAINING_EVALUATORS.
-    (
-        perf_estimator,
-        "get_embedding_perf_sharding_evaluator",
-        "19ce0f0f58a11d885567804e69ff127935b644345330a2f9df286ffdb76e0b93",
-    ),
+    (perf_estimator, "get_embedding_perf_sharding_evaluator"),
 ]
 
 _originals: Dict[Tuple[str, str], Callable[..., Any]] = {}
@@ -227,6 +289,8 @@ def original(patch: Patch) -> Callable[..., Any]:
 
 def apply() -> None:
     """Install the shims and the perf evaluator; idempotent."""
+    if not _originals:
+        warn_if_unsupported(TORCHREC_VERSION)
     for p in PATCHES:
         key = (p.module.__name__, p.name)
         if key in _originals:

@@ -15,11 +15,26 @@ from torchrec.distributed.planner import Topology
 
 
 def topology(world: int, local_world: int, device: torch.device) -> Topology:
-    return Topology(world_size=world, local_world_size=local_world, compute_device=device.type)
+    """The planner's view of the ranks; on CUDA each rank gets its share of its GPU's memory."""
+    if device.type != "cuda":
+        return Topology(world_size=world, local_world_size=local_world, compute_device=device.type)
+    per_gpu = -(-local_world // torch.cuda.device_count())  # ranks sharing each GPU
+    hbm = torch.cuda.get_device_properties(device).total_memory // per_gpu
+    return Topology(world_size=world, local_world_size=local_world, compute_device="cuda", hbm_cap=hbm)
+
+
+def cuda_backend(local_world: int, gpus: int) -> str:
+    """NCCL with one GPU per rank; gloo where ranks share a GPU (NCCL refuses two ranks on one)."""
+    return "nccl" if local_world <= gpus else "gloo"
 
 
 def init_distributed() -> Tuple[int, int, int, int, torch.device, str]:
-    """(rank, world, local_rank, local_world, device, backend) from torchrun's environment."""
+    """(rank, world, local_rank, local_world, device, backend) from torchrun's environment.
+
+    CUDA: rank ``local_rank`` uses GPU ``local_rank % device_count``. With one GPU per rank the
+    process group is NCCL; with more local ranks than GPUs (2 or 4 ranks on a one-GPU machine)
+    the ranks share GPUs and the group is gloo. CPU: gloo.
+    """
     if "RANK" not in os.environ:  # plain `python train.py`: one rank
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -28,14 +43,37 @@ def init_distributed() -> Tuple[int, int, int, int, torch.device, str]:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if torch.cuda.is_available():
-        device = torch.device(f"cuda:{local_rank}")
+        gpus = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % gpus)
         torch.cuda.set_device(device)
-        backend = "nccl"
+        backend = cuda_backend(local_world, gpus)
+        if backend == "gloo" and rank == 0:
+            print(
+                f"[ranks] {local_world} ranks share {gpus} GPU(s): gloo process group (NCCL refuses two ranks on "
+                f"one GPU); on a machine with a GPU per rank, torchrun --nproc_per_node={gpus} runs NCCL",
+                flush=True,
+            )
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
     return rank, world, local_rank, local_world, device, backend
+
+
+def require_cuda_fbgemm(device: torch.device, what: str) -> None:
+    """Stop with a clear message where ``what`` needs FBGEMM's CUDA kernels and only its CPU build is installed.
+
+    Stock TorchRec shardings run FBGEMM's fused kernels on the device; frugal tables run none,
+    so Frugal-only plans train on CUDA with the small CPU build (fbgemm-gpu-cpu).
+    """
+    import fbgemm_gpu
+
+    if device.type == "cuda" and getattr(fbgemm_gpu, "__variant__", "") == "cpu":
+        raise SystemExit(
+            f"{what} on CUDA runs FBGEMM's CUDA kernels, but the installed fbgemm_gpu "
+            f"{fbgemm_gpu.__version__} is the CPU build (fbgemm-gpu-cpu): install the CUDA build "
+            "(fbgemm-gpu) for it, or use --sharder frugal, which needs no FBGEMM CUDA kernel"
+        )
 
 
 def free_port() -> int:
@@ -47,8 +85,10 @@ def free_port() -> int:
 
 
 def gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """All ranks' equal-shaped ``t``, concatenated (collective)."""
-    t = t.to(device)
+    """All ranks' equal-shaped ``t``, concatenated (collective): gathered on ``device`` under NCCL
+    (which takes device tensors only), on CPU under gloo."""
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = t.to(on)
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return torch.cat(out).cpu()

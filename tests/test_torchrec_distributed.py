@@ -34,6 +34,7 @@ STEPS = 300
 LR = 0.05
 REL_TOL = 1e-4
 LOOKAHEAD = 6
+CPU = torch.device("cpu")
 
 # ---------------------------------------------------------------------------------------------
 # Data: each rank's batches, Zipf(1.2) ids over a permutation of each table's rows.
@@ -172,8 +173,9 @@ class ECModel(nn.Module):
         pooled = []
         for k in self.keys:
             jt = embs[k]
-            bags = torch.repeat_interleave(torch.arange(BATCH), jt.lengths())
-            pooled.append(torch.zeros(BATCH, DIM).index_add(0, bags, jt.values()))
+            values = jt.values()
+            bags = torch.repeat_interleave(torch.arange(BATCH, device=values.device), jt.lengths())
+            pooled.append(torch.zeros(BATCH, DIM, device=values.device).index_add(0, bags, values))
         logits = self.over(torch.cat(pooled + [batch.dense_features], dim=1)).squeeze(1)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
         return loss, (loss.detach(), logits.detach(), batch.labels)
@@ -193,8 +195,9 @@ def build(
     model_kind: str = "dlrm",
     table_rows: List[int] = TABLE_ROWS,
     config: Optional[Any] = None,
+    device: torch.device = CPU,
 ) -> Tuple[nn.Module, Any, str]:
-    """A DMP-wrapped model, its CombinedOptimizer, and the key prefix of its embedding tables.
+    """A DMP-wrapped model on ``device``, its CombinedOptimizer, and the key prefix of its embedding tables.
 
     sharding: "frugal" (FrugalShardingPlanner), "default" (DistributedModelParallel's own planner
     given the frugal sharder), "mixed" (FrugalShardingPlanner, half the tables constrained to
@@ -262,7 +265,7 @@ def build(
     names = [t[0] for t in VARIANT_TABLES] if "variants" in model_kind else [f"t{t}" for t in range(n)]
 
     env = ShardingEnv.from_process_group(dist.GroupMember.WORLD)
-    topology = Topology(world_size=world, compute_device="cpu", local_world_size=world)
+    topology = Topology(world_size=world, compute_device=device.type, local_world_size=world)
     plan: Optional[ShardingPlan]
     if sharding in ("frugal", "mixed", "frugal_two_groups"):
         constraints = {
@@ -290,12 +293,12 @@ def build(
                     sharder=stock_sharder,
                     local_size=world,
                     world_size=world,
-                    device_type="cpu",
+                    device_type=device.type,
                 )
             }
         )
         sharder = stock_sharder
-    dmp = DistributedModelParallel(model, env=env, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    dmp = DistributedModelParallel(model, env=env, device=device, plan=plan, sharders=[sharder])
     sd = dmp.state_dict()
     for t, (name, (rows, dim)) in enumerate(zip(names, table_shapes(model_kind, table_rows))):
         sd[f"{path}.{prefix}.{name}.weight"] = initial_table(t, rows, dim)
@@ -313,9 +316,10 @@ def table_shapes(model_kind: str, table_rows: List[int] = TABLE_ROWS) -> List[Tu
 
 
 def frugal_lookups(dmp: nn.Module) -> List[Any]:
-    from torchrec_frugal.torchrec.sharding import FrugalEmbeddingLookup
+    """The frugal lookups of every sharded module (a sharded module keeps its lookups in a plain list)."""
+    from torchrec_frugal.torchrec.embeddingbag import FrugalShardedModuleMixin
 
-    return [m for m in dmp.modules() if isinstance(m, FrugalEmbeddingLookup)]
+    return [lookup for m in dmp.modules() if isinstance(m, FrugalShardedModuleMixin) for lookup in m.frugal_lookups()]
 
 
 def sharding_types(dmp: nn.Module) -> Dict[str, str]:
@@ -333,11 +337,14 @@ def full_tables(dmp: nn.Module, key: str, shapes: List[Tuple[int, int]]) -> List
     return out
 
 
-def train(dmp: nn.Module, opt: Any, batches: Iterator[Any], pipeline: Optional[str] = None) -> List[float]:
-    """Per-step losses, from a plain loop or a train pipeline ("frugal" or "sparse_dist")."""
+def train(
+    dmp: nn.Module, opt: Any, batches: Iterator[Any], pipeline: Optional[str] = None, device: torch.device = CPU
+) -> List[float]:
+    """Per-step losses, from a plain loop or a train pipeline ("frugal" or "sparse_dist"), on ``device``."""
     if pipeline is None:
         losses = []
         for batch in batches:
+            batch = batch.to(device)
             opt.zero_grad()
             loss, _ = dmp(batch)
             loss.backward()
@@ -349,9 +356,7 @@ def train(dmp: nn.Module, opt: Any, batches: Iterator[Any], pipeline: Optional[s
     from torchrec_frugal.torchrec import FrugalTrainPipeline
 
     pipe: Any = (
-        FrugalTrainPipeline(dmp, opt, torch.device("cpu"))
-        if pipeline == "frugal"
-        else TrainPipelineSparseDist(dmp, opt, torch.device("cpu"))
+        FrugalTrainPipeline(dmp, opt, device) if pipeline == "frugal" else TrainPipelineSparseDist(dmp, opt, device)
     )
     losses = []
     while True:
@@ -382,8 +387,13 @@ def run_training(
     table_rows: List[int] = TABLE_ROWS,
     steps: int = STEPS,
     data: str = "zipf",
+    config: Optional[Any] = None,
+    device: str = "cpu",
 ) -> Dict[str, Any]:
-    dmp, optimizer, key = build(world, sharding, opt, model_kind, table_rows)
+    """One training run: losses, final tables (rank 0), sharding types, and each frugal engine's
+    (device, host path)."""
+    dev = torch.device(device)
+    dmp, optimizer, key = build(world, sharding, opt, model_kind, table_rows, config=config, device=dev)
     if "variants" in model_kind:
         batches: Iterator[Any] = VariantBatches(dist.get_rank(), model_kind == "weighted_variants").batches(0, steps)
     elif data == "zipf":
@@ -402,11 +412,12 @@ def run_training(
                 num_batches=steps,
             )
         )
-    losses = train(dmp, optimizer, batches, pipeline)
+    losses = train(dmp, optimizer, batches, pipeline, dev)
     result = {
         "losses": np.array(losses),
         "tables": full_tables(dmp, key, table_shapes(model_kind, table_rows)),
         "types": sharding_types(dmp),
+        "engines": [(str(g.engine.device), g.engine.host.path) for lookup in frugal_lookups(dmp) for g in lookup.groups],
     }
     release(dmp)
     return result
@@ -514,23 +525,28 @@ def run_checks(world: int) -> Dict[str, Any]:
     return seen
 
 
-def run_checkpoint(rank: int, world: int, phase: str, directory: str, k: int, steps: int) -> Dict[str, Any]:
+def run_checkpoint(
+    rank: int, world: int, phase: str, directory: str, k: int, steps: int, device: str = "cpu"
+) -> Dict[str, Any]:
     """phase "save": train steps [0, k) and save with torch.distributed.checkpoint;
-    phase "resume": fresh model, load, train steps [k, steps)."""
+    phase "resume": fresh model, load, train steps [k, steps). Frugal tables on ``device``."""
     import torch.distributed.checkpoint as dcp
 
-    dmp, optimizer, key = build(world, "frugal", "adagrad")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dmp, optimizer, key = build(world, "frugal", "adagrad", device=dev)
     data = ZipfBatches(dist.get_rank())
     result: Dict[str, Any] = {}
     if phase == "save":
-        result["losses"] = np.array(train(dmp, optimizer, data.batches(0, k), pipeline="frugal"))
+        result["losses"] = np.array(train(dmp, optimizer, data.batches(0, k), pipeline="frugal", device=dev))
         dcp.save({"model": dmp.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=directory)
     else:
         state = {"model": dmp.state_dict(), "optim": optimizer.state_dict()}
         dcp.load(state, checkpoint_id=directory)
         dmp.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
-        result["losses"] = np.array(train(dmp, optimizer, data.batches(k, steps), pipeline="frugal"))
+        result["losses"] = np.array(train(dmp, optimizer, data.batches(k, steps), pipeline="frugal", device=dev))
         result["tables"] = full_tables(dmp, key, table_shapes("dlrm"))
     release(dmp)
     return result

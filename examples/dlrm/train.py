@@ -10,8 +10,10 @@ the planner that goes with it, and the train pipeline that goes with it
 row-wise Adagrad for the tables, Adagrad or SGD for the dense parameters), metrics and timing
 are the same code.
 
-CPU: gloo, one process per rank (``torchrun --nproc_per_node=N``). CUDA: one GPU per rank, NCCL for
-the dense all-reduce (and TorchRec's all-to-alls).
+CPU: gloo, one process per rank (``torchrun --nproc_per_node=N``). CUDA: with one GPU per rank, NCCL
+for the dense all-reduce (and TorchRec's all-to-alls); more ranks than GPUs (2 or 4 ranks on one GPU)
+share the GPUs over gloo. ``--sharder frugal`` needs no FBGEMM CUDA kernel (the CPU build of FBGEMM,
+fbgemm-gpu-cpu, will do); ``--sharder torchrec`` on CUDA needs FBGEMM's CUDA build (fbgemm-gpu).
 
 Metrics. ``loss`` is the mean training loss over the last ``--auc-window`` steps of every rank;
 ``auc`` is the AUC of the predictions made on those steps' batches *before* the batch's update
@@ -54,7 +56,16 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from examples.common import FrugalStats, check_steps, gather_cat, init_distributed, progress_bar, topology, write_summary
+from examples.common import (
+    FrugalStats,
+    check_steps,
+    gather_cat,
+    init_distributed,
+    progress_bar,
+    require_cuda_fbgemm,
+    topology,
+    write_summary,
+)
 from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
 from examples.dlrm.data import (
     SyntheticClickData,
@@ -276,6 +287,8 @@ def _peak_rss_mib() -> float:
 def train(args: argparse.Namespace) -> Dict[str, Any]:
     """Train on this rank; every rank returns the same summary."""
     rank, world, local_rank, local_world, device, backend = init_distributed()
+    if args.sharder == "torchrec":
+        require_cuda_fbgemm(device, "--sharder torchrec")
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)

@@ -19,6 +19,9 @@ gradient division take the same steps: their MRR agrees (tests check the paramet
 ``samples_per_second`` counts positive triples per second after ``--warmup`` steps, all ranks
 together. Evaluation: filtered MRR and Hits@1/3/10 on the test split (``--eval-split``), each test
 triple ranked against every entity for both its head and its tail (``evaluate.py``).
+
+Devices as in ``examples/dlrm/train.py``: on CUDA, NCCL with one GPU per rank, gloo where ranks
+share a GPU; ``--sharder frugal`` needs no FBGEMM CUDA kernel, ``--sharder torchrec`` does.
 """
 from __future__ import annotations
 
@@ -50,7 +53,16 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from examples.common import FrugalStats, check_steps, gather_cat, init_distributed, progress_bar, topology, write_summary
+from examples.common import (
+    FrugalStats,
+    check_steps,
+    gather_cat,
+    init_distributed,
+    progress_bar,
+    require_cuda_fbgemm,
+    topology,
+    write_summary,
+)
 from examples.graph.data import DATASETS, KGData, load_dataset
 from examples.graph.evaluate import FilteredRanker, filtered_ranks, ranking_metrics
 from examples.graph.models import (
@@ -263,6 +275,8 @@ def read_data(args: argparse.Namespace, rank: int) -> KGData:
 def train(args: argparse.Namespace) -> Dict[str, Any]:
     """Train and evaluate on this rank; every rank returns the same summary."""
     rank, world, _local_rank, local_world, device, backend = init_distributed()
+    if args.sharder == "torchrec":
+        require_cuda_fbgemm(device, "--sharder torchrec")
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)

@@ -236,7 +236,7 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
             ],
             dim=1,
         )
-        full = _all_gather_rows(local, self.pg)
+        full = _all_gather_rows(local, self.pg, self.engine.device)
         self.engine.write_rows(
             full[:, 0].to(torch.int64),
             full[:, 1 : 1 + d].to(torch.float32),
@@ -245,20 +245,24 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         self._flushed_step = self.engine.step
 
 
-def _all_gather_rows(local: torch.Tensor, pg: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """Concatenate every rank's [n_r, k] rows in rank order (n_r may differ)."""
+def _all_gather_rows(local: torch.Tensor, pg: Optional[dist.ProcessGroup], device: torch.device) -> torch.Tensor:
+    """Concatenate every rank's [n_r, k] rows in rank order (n_r may differ).
+
+    Under NCCL, which takes device tensors only, the rows travel through ``device``; the result is on CPU.
+    """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(pg) == 1:
         return local
     world = dist.get_world_size(pg)
-    n = torch.tensor([local.shape[0]], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    on = device if dist.get_backend(pg) == "nccl" else torch.device("cpu")
+    n = torch.tensor([local.shape[0]], dtype=torch.int64, device=on)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=on) for _ in range(world)]
     dist.all_gather(sizes, n, group=pg)
     counts = [int(s) for s in sizes]
-    padded = torch.zeros(max(counts), local.shape[1], dtype=local.dtype)
+    padded = torch.zeros(max(counts), local.shape[1], dtype=local.dtype, device=on)
     padded[: local.shape[0]] = local
     out = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(out, padded, group=pg)
-    return torch.cat([o[:c] for o, c in zip(out, counts)])
+    return torch.cat([o[:c] for o, c in zip(out, counts)]).cpu()
 
 
 class _FrugalStep:

@@ -145,6 +145,7 @@ class FrugalStats:
         self.bytes_flushed = 0
         self.pending_rows = 0
         self.steps = 0
+        self.phase_s: Dict[str, float] = {}
 
     def record(self) -> None:
         """Add the metrics of each engine's latest step (once per step)."""
@@ -161,6 +162,8 @@ class FrugalStats:
             self.bytes_flushed += m.bytes_flushed
             self.pending_rows = m.pending_rows
             self.steps += 1 if i == 0 else 0
+            for k, v in m.phase_s.items():
+                self.phase_s[k] = self.phase_s.get(k, 0.0) + v
 
     @property
     def cache_hit_ratio(self) -> float:

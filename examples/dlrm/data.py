@@ -169,15 +169,14 @@ class SyntheticClickData:
 
         With ``workers`` > 0 (``num`` given) they are made by that many DataLoader worker
         processes, ahead of use and off the training thread, as a real input pipeline makes
-        them; the batches and their order are the same.
+        them; the batches and their order are the same. The workers start here, so call this
+        before the training process starts threads of its own.
         """
         if workers > 0 and num is not None:
             dataset = _SyntheticSteps(self, rank, start, num, split)
-            yield from torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, prefetch_factor=4)
-            return
+            return iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, prefetch_factor=4))
         steps = itertools.count(start) if num is None else range(start, start + num)
-        for s in steps:
-            yield self.batch(rank, s, split)
+        return (self.batch(rank, s, split) for s in steps)
 
     # ------------------------------------------------------------------ pre-sample
     def presample_counts(

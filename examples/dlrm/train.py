@@ -205,7 +205,7 @@ def data_iterator(
     if args.data == "synthetic":
         gen = SyntheticClickData(cfg.dataset, rows, cfg.batch_size, seed=cfg.seed, skew=cfg.skew)
         presample = gen.presample_counts([rank], args.presample_steps) if args.sharder == "frugal" else {}
-        return gen.batches(rank, 0, args.steps), presample
+        return gen.batches(rank, 0, args.steps, workers=args.loader_workers), presample
 
     def real() -> Iterator[Batch]:
         if args.data == "criteo-tsv":
@@ -240,6 +240,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--queue", choices=("two_level", "heap"), default="two_level", help="frugal: pending-write queue (heap: ablation)")
     p.add_argument("--flush-workers", type=int, default=1, help="frugal: background flusher threads per rank")
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="synthetic data: worker processes that make batches ahead, off the training thread")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--auc-window", type=int, default=100, help="steps whose predictions the final loss and AUC cover")
     p.add_argument("--log-every", type=int, default=50)
@@ -336,6 +338,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     t_timed: Optional[float] = None
     steps_done = 0
     gate_before = exchange_before = 0.0
+    phase_before: Dict[str, float] = {}
+    intervals: List[Dict[str, float]] = []
     dmp.train()
     while steps_done < args.steps:
         if steps_done == args.warmup:
@@ -344,6 +348,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             stats.record()
             gate_before = stats.gate_wait_s
             exchange_before = stats.exchange_wait_s
+            phase_before = dict(stats.phase_s)
         try:
             loss, logits, labels = pipeline.progress(batches)
         except StopIteration:
@@ -367,6 +372,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             now = time.perf_counter()
             sps = args.log_every * cfg.batch_size * world / (now - t_last)
             t_last = now
+            intervals.append({"step": steps_done, "samples_per_second": sps, "pending_rows": stats.pending_rows})
             k = min(len(losses), args.log_every)
             msg = (
                 f"step {steps_done:>6} | {sps:>9,.0f} samples/s | loss {torch.stack(losses[-k:]).mean():.4f} "
@@ -443,8 +449,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             "exchange_wait_fraction": float((exchange_all / el_all).mean()),
             "queue": args.queue,
             "flush_workers": args.flush_workers,
+            "engine_ms_per_step": _phase_ms(stats, phase_before, timed_steps, device),
             **plan_info,
         }
+    summary["intervals"] = intervals
     summary["run_config"] = {k: v for k, v in asdict(cfg).items() if k != "dataset"}
     if rank == 0:
         print("[dlrm] " + json.dumps({k: summary[k] for k in ("sharder", "steps", "samples_per_second", "loss", "auc", "gate_stall_fraction")}), flush=True)
@@ -455,6 +463,14 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     gc.collect()
     dist.barrier()
     return summary
+
+
+def _phase_ms(stats: FrugalStats, before: Dict[str, float], timed_steps: int, device: torch.device) -> Dict[str, float]:
+    """The training thread's engine time per timed step by phase (StepMetrics.phase_s), mean over ranks."""
+    names = sorted(stats.phase_s)
+    mine = torch.tensor([stats.phase_s[k] - before.get(k, 0.0) for k in names], dtype=torch.float64)
+    per_rank = gather_cat(mine, device).reshape(-1, len(names)) if names else mine
+    return {k: float(per_rank[:, i].mean()) * 1e3 / max(timed_steps, 1) for i, k in enumerate(names)}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -1,110 +1,156 @@
 #!/usr/bin/env bash
-# Device check of the CUDA path: prepares a bare GPU machine, runs the CUDA tests with 2 and 4
-# ranks sharing GPU 0, the TorchRec exactness test where that stack imports, and
-# benchmarks/bench_gpu.py, then writes docs/gpu.md from what it measured. Under 8 minutes.
+# Device check of the CUDA path, one prepared run on a GPU machine (under 8 minutes):
+#   1. installs the carried TorchRec stack (.whl/, see scripts/fetch_device_wheels.sh) into a
+#      private folder on PYTHONPATH, never over the image's packages;
+#   2. CUDA tests: the device layer and a failed registration, the engine's exactness with 2 and 4
+#      ranks sharing GPU 0, TorchRec with frugal tables on CUDA against TorchRec on CPU (2 and 4
+#      ranks, SGD and row-wise Adagrad, with and without FrugalTrainPipeline, a checkpoint);
+#   3. the README's swap example, examples/dlrm/train.py --sharder frugal and examples/graph/train.py
+#      with 1 rank, and 2 and 4 ranks sharing the GPU (gloo);
+#   4. benchmarks/bench_gpu.py, then docs/gpu.md from its measurements and the table of suites.
 #
 # Run from the repository root of a copy of the working tree on the GPU machine:
 #     bash scripts/device_check.sh
-# Wheels: the image it was written for has python3 with a CUDA build of torch, numpy and pytest,
-# which is all the engine tests and the benchmark need. Anything else travels as wheels in .whl/
-# (git-ignored), prepared on a development machine with scripts/fetch_device_wheels.sh and
-# carried along; they are installed into a private folder, never over the image's packages.
-# Results: docs/gpu.md in the tree, and docs/gpu.md, the JSON, the test table and the log in
-# $OUT (or /tmp/frugal-device-check) to bring back.
+# Results: docs/gpu.md in the tree; tests.tsv, status.tsv, gpu.json, gpu.md, the logs and the
+# examples' summaries in $OUT (or /tmp/frugal-device-check) to bring back.
+# Exit: 0 when every suite passed; 1 when any failed, timed out, skipped a CUDA test or did not
+# run; 2 when there is no GPU or no CUDA build of torch (nothing ran, docs/gpu.md untouched).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-DEADLINE=$((START + ${CHECK_BUDGET_S:-450}))
+DEADLINE=$((START + ${CHECK_BUDGET_S:-470}))
 RES=${OUT:-/tmp/frugal-device-check}
-mkdir -p "$RES"
-LOG="$RES/check.log"
-TESTS="$RES/tests.tsv"
-: >"$TESTS"
+mkdir -p "$RES/logs" "$RES/examples"
+: >"$RES/tests.tsv"
+: >"$RES/status.tsv"
 PY=${PYTHON:-python3}
+REPORT="$PY scripts/device_report.py"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-exec > >(tee -a "$LOG") 2>&1
+exec > >(tee -a "$RES/check.log") 2>&1
+
+BENCH_RESERVE=${BENCH_RESERVE_S:-120}  # seconds kept for benchmarks/bench_gpu.py, whose JSON docs/gpu.md is written from
 
 left() { echo $((DEADLINE - $(date +%s))); }
-budget() { # the smaller of $1 seconds and what is left before the deadline
-  local l; l=$(left)
+budget() { # the smaller of $1 seconds and what is left before the deadline, less the benchmark's reserve
+  local l; l=$(( $(left) - BENCH_RESERVE ))
   if [ "$l" -lt "$1" ]; then echo "$l"; else echo "$1"; fi
 }
 
 echo "== machine"
-if ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; then
-  echo "no NVIDIA GPU here: the device check has not run (docs/gpu.md left as it is)"
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; then
+  echo "device check not run: no NVIDIA GPU here (nvidia-smi missing or failing); docs/gpu.md left as it is" >&2
   exit 2
 fi
-$PY - <<'PY' || { echo "python3 has no CUDA torch: the device check has not run"; exit 2; }
+if ! $PY - <<'PY'; then
 import sys, torch
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)
-assert torch.cuda.is_available(), "torch sees no CUDA device"
+if not torch.cuda.is_available():
+    sys.exit("torch sees no CUDA device")
 print("device", torch.cuda.get_device_name(0), "count", torch.cuda.device_count())
 PY
+  echo "device check not run: $PY has no CUDA build of torch that sees the GPU; docs/gpu.md left as it is" >&2
+  exit 2
+fi
 
 echo "== prepare"
 SITE=/tmp/frugal-site
+export PYTHONPATH="$PWD"
 if compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    || echo "installing the carried wheels failed; going on with the image's packages"
+  rm -rf "$SITE"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl >"$RES/logs/install.log" 2>&1
+  rc=$?
+  $REPORT suite "$RES" "carried wheels installed into a private folder" "$rc" "$RES/logs/install.log" --expect '^'
   export PYTHONPATH="$PWD:$SITE"
 else
   echo "no carried wheels (.whl/): using the image's packages"
-  export PYTHONPATH="$PWD"
 fi
-$PY -c "import numpy, pytest, torchrec_frugal.engine; print('numpy', numpy.__version__, 'pytest', pytest.__version__)" || exit 3
+stack=$($PY -c "
+import sys, torch
+try:
+    import fbgemm_gpu, torchrec
+    rec = f'torchrec {torchrec.__version__}, fbgemm_gpu {fbgemm_gpu.__version__} ({getattr(fbgemm_gpu, \"__variant__\", \"?\")} build)'
+except Exception as e:
+    rec = f'no TorchRec stack ({type(e).__name__}: {e})'
+print(f'Python {sys.version.split()[0]}, torch {torch.__version__}, {rec}')
+" 2>&1 | tail -n 1)
+echo "$stack"
+$REPORT info "$RES" "stack" "$stack"
 
-# One pytest run per line of the test table: suite name, timeout, pytest arguments.
+# One pytest run: suite name, time limit, pytest arguments. A skipped test fails the suite.
 suite() {
   local name=$1 limit=$2; shift 2
   local t; t=$(budget "$limit")
+  local log="$RES/logs/$(echo "$name" | tr -c 'A-Za-z0-9' '_' | cut -c1-60).log"
   if [ "$t" -lt 20 ]; then
-    printf '%s\tnot run: out of time\n' "$name" >>"$TESTS"; return
+    echo "not run: out of time" >"$log"; $REPORT suite "$RES" "$name" 125 "$log"; return
   fi
   echo "== $name (at most ${t}s)"
-  local out; out=$(mktemp)
-  timeout "$t" $PY -m pytest -q -p no:cacheprovider -o timeout=0 "$@" 2>&1 | tee "$out"
-  local rc=${PIPESTATUS[0]}
-  local summary; summary=$(grep -E '(passed|failed|error|skipped)' "$out" | tail -n 1 | sed 's/=//g; s/^ *//; s/ *$//')
-  [ "$rc" -eq 124 ] && summary="timed out after ${t}s ($summary)"
-  printf '%s\t%s (exit %s)\n' "$name" "${summary:-no summary}" "$rc" >>"$TESTS"
+  timeout "$t" $PY -m pytest -q -p no:cacheprovider -o timeout=0 "$@" 2>&1 | tee "$log"
+  $REPORT suite "$RES" "$name" "${PIPESTATUS[0]}" "$log"
 }
 
-suite "device layer, CPU parts (tests/test_device_paths.py)" 90 tests/test_device_paths.py
-suite "CUDA unit tests: mapped tables, staged copies, flush stream" 60 tests/test_cuda_engine.py -k "not ranks_sharing"
-suite "engine exactness on CUDA, 2 ranks on one GPU" 120 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[2]"
-suite "engine exactness on CUDA, 4 ranks on one GPU" 120 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[4]"
+suite "device layer and registration checks, CPU parts (tests/test_device_paths.py)" 60 tests/test_device_paths.py
+suite "CUDA unit tests: mapped tables, a failed registration, staged copies, flush stream" 60 \
+  tests/test_cuda_engine.py -k "not ranks_sharing"
+suite "engine exactness on CUDA, 2 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[2]"
+suite "engine exactness on CUDA, 4 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[4]"
+suite "TorchRec with frugal tables on CUDA vs TorchRec on CPU, 2 and 4 ranks, checkpoint (tests/test_cuda_torchrec.py)" 240 \
+  tests/test_cuda_torchrec.py
 
-echo "== TorchRec"
-if why=$($PY -c "import torchrec, fbgemm_gpu; print('torchrec', torchrec.__version__, 'fbgemm_gpu', fbgemm_gpu.__version__)" 2>&1); then
-  echo "$why"
-  suite "TorchRec exactness (tests/test_torchrec_distributed.py, gloo)" 150 tests/test_torchrec_distributed.py
-else
-  printf '%s\tnot run: the TorchRec stack does not import here (%s)\n' "TorchRec exactness" \
-    "$(echo "$why" | tail -n 1 | cut -c1-160)" >>"$TESTS"
-fi
+# The examples as a user runs them; the three scripts of one rank count run side by side.
+$REPORT readme-example "$RES/examples/readme_swap.py" --batches 20
+run_examples() {
+  local n=$1 t; t=$(budget 90)
+  if [ "$t" -lt 30 ]; then
+    for kind in readme dlrm graph; do
+      echo "not run: out of time" >"$RES/logs/${kind}_$n.log"; $REPORT suite "$RES" "$kind example, $n rank(s)" 125 "$RES/logs/${kind}_$n.log"
+    done
+    return
+  fi
+  echo "== examples with $n rank(s) (at most ${t}s)"
+  local run="timeout $t $PY -m torch.distributed.run --standalone --nproc_per_node=$n"
+  $run "$RES/examples/readme_swap.py" >"$RES/logs/readme_$n.log" 2>&1 &
+  local p1=$!
+  $run examples/dlrm/train.py --sharder frugal --config criteo-kaggle --scale 0.01 --batch-size 1024 --steps 60 \
+    --warmup 10 --presample-steps 20 --log-every 20 --threads 2 --no-progress --summary "$RES/examples/dlrm_$n.json" \
+    >"$RES/logs/dlrm_$n.log" 2>&1 &
+  local p2=$!
+  $run examples/graph/train.py --sharder frugal --dataset synthetic --synthetic-entities 20000 --synthetic-relations 50 \
+    --synthetic-triples 100000 --model transe_l2 --dim 64 --batch-size 512 --steps 60 --warmup 10 --presample-steps 20 \
+    --eval-triples 200 --log-every 20 --threads 2 --no-progress --summary "$RES/examples/graph_$n.json" \
+    >"$RES/logs/graph_$n.log" 2>&1 &
+  local p3=$!
+  wait $p1; local r1=$?
+  wait $p2; local r2=$?
+  wait $p3; local r3=$?
+  tail -n 3 "$RES/logs/readme_$n.log" "$RES/logs/dlrm_$n.log" "$RES/logs/graph_$n.log"
+  $REPORT suite "$RES" "README swap example on CUDA, $n rank(s)" "$r1" "$RES/logs/readme_$n.log" \
+    --expect "rank 0 of $n \(cuda:0, (gloo|nccl)\): last loss"
+  $REPORT suite "$RES" "examples/dlrm/train.py --sharder frugal on CUDA, $n rank(s)" "$r2" "$RES/logs/dlrm_$n.log" \
+    --summary "$RES/examples/dlrm_$n.json" --expect "ranks \((gloo|nccl), cuda"
+  $REPORT suite "$RES" "examples/graph/train.py --sharder frugal on CUDA, $n rank(s)" "$r3" "$RES/logs/graph_$n.log" \
+    --summary "$RES/examples/graph_$n.json" --expect "ranks \((gloo|nccl), cuda"
+}
+for n in 1 2 4; do run_examples "$n"; done
 
 echo "== benchmark"
-t=$(budget 240)
+t=$(left)
 if [ "$t" -ge 60 ]; then
-  timeout "$t" $PY benchmarks/bench_gpu.py --json "$RES/gpu.json" || echo "bench_gpu.py failed or timed out (exit $?)"
+  quick=""; [ "$t" -lt 240 ] && quick="--quick"  # the full benchmark builds a 4 GiB table
+  echo "benchmarks/bench_gpu.py $quick (at most ${t}s)"
+  timeout "$t" $PY benchmarks/bench_gpu.py --json "$RES/gpu.json" $quick 2>&1 | tee "$RES/logs/bench_gpu.log"
+  $REPORT suite "$RES" "benchmarks/bench_gpu.py $quick" "${PIPESTATUS[0]}" "$RES/logs/bench_gpu.log" --expect '"gate_stall_fraction"'
 else
-  echo "no time left for the benchmark"
+  echo "not run: out of time" >"$RES/logs/bench_gpu.log"; $REPORT suite "$RES" "benchmarks/bench_gpu.py" 125 "$RES/logs/bench_gpu.log"
 fi
 
 echo "== report"
-cat "$TESTS"
+cat "$RES/tests.tsv"
 if [ -s "$RES/gpu.json" ]; then
-  $PY benchmarks/bench_gpu.py --render "$RES/gpu.json" --tests "$TESTS" --md docs/gpu.md >/dev/null && cp docs/gpu.md "$RES/gpu.md"
-  echo "docs/gpu.md written (copy in $RES/gpu.md)"
+  $PY benchmarks/bench_gpu.py --render "$RES/gpu.json" --tests "$RES/tests.tsv" --md docs/gpu.md >/dev/null \
+    && cp docs/gpu.md "$RES/gpu.md" && echo "docs/gpu.md written (copy in $RES/gpu.md)"
 else
-  echo "no measurements: docs/gpu.md not written"
+  echo "no measurements: docs/gpu.md not written (the table of suites is $RES/tests.tsv)"
 fi
 echo "device check took $(( $(date +%s) - START ))s"
-# Failure: a suite that ran and did not pass, a CUDA test skipped on this GPU machine, or no
-# measurements (a suite that could not run is reported, not failed).
-if grep -v $'\tnot run:' "$TESTS" | grep -qvE '\(exit 0\)$' || grep -E '^(CUDA|engine exactness on CUDA)' "$TESTS" | grep -q skipped \
-  || [ ! -s "$RES/gpu.json" ]; then
-  exit 1
-fi
-exit 0
+$REPORT verdict "$RES"

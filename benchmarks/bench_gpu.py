@@ -26,7 +26,14 @@ Measured (on the current CUDA device, tables in a shared-memory segment as the e
   thread's engine time by phase (``StepMetrics.phase_s``; dense = step minus engine minus waits),
   for L=10 on both host paths and for write-through (L=0).
 
-``--suites`` picks among ``paths`` (the gather and flush figures above), ``reads`` and ``gate``.
+* dlrm: the DLRM example (``examples/dlrm/train.py --sharder frugal``, TorchRec on the GPU,
+  synthetic criteo-kaggle at ``--dlrm-scale``, dim 32, batches made by ``--loader-workers 2``) with
+  1, 2 and 4 ranks sharing the GPU, per ``--dlrm-runs`` entry ``RANKSxBATCHxL``: samples/s, gate
+  stall, exchange wait, the engine's per-phase time per step and the rate per 50 steps (its
+  swings). Needs TorchRec importable.
+
+``--suites`` picks among ``paths`` (the gather and flush figures above), ``reads``, ``gate`` and
+``dlrm``.
 
 Wall times are read after ``torch.cuda.synchronize()``; ``--render`` only formats a JSON this
 script wrote, with the test results that scripts/device_check.sh recorded.
@@ -283,6 +290,35 @@ def bench_gate(world: int, modes: List[Dict[str, Any]], steps: int, batch: int, 
     return rows
 
 
+# ---------------------------------------------------------------------------------------------- DLRM example
+DLRM_RUNS = "1x4096x10,2x4096x10,2x4096x0,4x4096x10,4x4096x0,1x1024x10,2x1024x10,2x1024x0,4x1024x10,4x1024x0"
+
+
+def bench_dlrm(runs: str, scale: float, steps: int) -> List[Dict[str, Any]]:
+    """The DLRM example on this GPU, one run per ``RANKSxBATCHxL`` entry, in the order given."""
+    from torchrec_frugal.demo import find_train_script, run_train
+
+    train_py = find_train_script(str(Path(__file__).resolve().parents[1] / "examples" / "dlrm" / "train.py"))
+    out = []
+    for spec in runs.split(","):
+        nproc, batch, lookahead = (int(x) for x in spec.split("x"))
+        args = ["--sharder", "frugal", "--scale", str(scale), "--batch-size", str(batch), "--lookahead", str(lookahead),
+                "--steps", str(steps), "--warmup", "20", "--log-every", "50", "--loader-workers", "2"]
+        print(f"== dlrm {spec}", flush=True)
+        s = run_train(train_py, args, nproc=nproc, threads=max(1, (os.cpu_count() or 2) // (2 * nproc)),
+                      echo=lambda line: print("   ", line, flush=True), timeout_s=600)
+        rates = [i["samples_per_second"] for i in s["intervals"]]
+        out.append({
+            "ranks": nproc, "batch": batch, "lookahead": lookahead, "rows": s["rows"], "steps": s["steps"],
+            "samples_per_second": s["samples_per_second"], "gate_stall_fraction": s["gate_stall_fraction"],
+            "exchange_wait_fraction": s["frugal"]["exchange_wait_fraction"],
+            "engine_ms_per_step": s["frugal"]["engine_ms_per_step"], "step_ms": 1e3 * nproc * batch / s["samples_per_second"],
+            "rate_min": min(rates), "rate_max": max(rates), "intervals": s["intervals"],
+            "cache_hit_ratio": s["frugal"]["cache_hit_ratio"], "loss": s["loss"], "setup_s": s["setup_s"],
+        })
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- report
 def _gpu_facts() -> Dict[str, str]:
     facts = {
@@ -324,7 +360,31 @@ def render(results: Dict[str, Any], tests_tsv: str) -> str:
         lines += _render_paths(results["paths"])
     if "gate" in results:
         lines += _render_gate(results["gate"])
+    if "dlrm" in results:
+        lines += _render_dlrm(results["dlrm"])
     return "\n".join(lines) + "\n"
+
+
+def _render_dlrm(runs: List[Dict[str, Any]]) -> List[str]:
+    lines = [
+        "",
+        f"## The DLRM example on this GPU: synthetic criteo-kaggle ({runs[0]['rows']:,} rows, dim 32), ranks sharing the GPU",
+        "",
+        "samples/s of all ranks after 20 warm-up steps; step = batch x ranks / rate; engine = the training thread's time",
+        "in the engine per step, by phase (the rest of a step: the model, TorchRec's pipeline and the waits);",
+        "rate min-max over 50-step intervals (the swings).",
+        "",
+        "| ranks | batch/rank | L | samples/s | step ms | " + " | ".join(PHASES) + " | gate stall | exchange wait | rate min-max | hit ratio |",
+        "|---|---|---|---|---|" + "---|" * (len(PHASES) + 4),
+    ]
+    lines += [
+        f"| {r['ranks']} | {r['batch']} | {r['lookahead']} | {r['samples_per_second']:,.0f} | {r['step_ms']:.2f} | "
+        + " | ".join(f"{r['engine_ms_per_step'].get(k, 0.0):.2f}" for k in PHASES)
+        + f" | {100 * r['gate_stall_fraction']:.1f}% | {100 * r['exchange_wait_fraction']:.0f}% | "
+        f"{r['rate_min']:,.0f}-{r['rate_max']:,.0f} | {r['cache_hit_ratio']:.2f} |"
+        for r in runs
+    ]
+    return lines
 
 
 def _render_reads(r: Dict[str, Any]) -> List[str]:
@@ -413,7 +473,10 @@ def main() -> None:
     ap.add_argument("--json", help="write measurements here")
     ap.add_argument("--quick", action="store_true", help="smaller tables and fewer steps (a smoke run)")
     ap.add_argument("--gather-rows", type=int, default=1 << 20)
-    ap.add_argument("--suites", default="reads,paths,gate", help="comma-separated: reads, paths, gate")
+    ap.add_argument("--suites", default="reads,paths,gate", help="comma-separated: reads, paths, gate, dlrm")
+    ap.add_argument("--dlrm-runs", default=DLRM_RUNS, help="dlrm suite: comma-separated RANKSxBATCHxL")
+    ap.add_argument("--dlrm-scale", type=float, default=1.0, help="dlrm suite: criteo-kaggle row scale")
+    ap.add_argument("--dlrm-steps", type=int, default=150, help="dlrm suite: steps per rank")
     ap.add_argument("--render", help="a JSON this script wrote: format it as markdown")
     ap.add_argument("--tests", help="with --render: tab-separated suite and result lines")
     ap.add_argument("--md", help="with --render: write the markdown here")
@@ -444,6 +507,9 @@ def main() -> None:
             reps=5 if quick else 20,
         )
         print(json.dumps(results["paths"], indent=1), flush=True)
+    if "dlrm" in suites:
+        results["dlrm"] = bench_dlrm(args.dlrm_runs, args.dlrm_scale, 60 if quick else args.dlrm_steps)
+        print(json.dumps([{k: v for k, v in r.items() if k != "intervals"} for r in results["dlrm"]], indent=1), flush=True)
     if "gate" not in suites:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))

@@ -60,3 +60,15 @@ def test_report_renders_every_section(tmp_path: Path) -> None:
     assert "| 1024 | 0.100 | 0.200 | 0.100 | 0.200 |" in md  # calibration, ms per call
     assert "| 2 | 10 | zero_copy | 2.00 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.10 | 0.30 | 0.50 |" in md
     assert md.count("| zero_copy |") >= 2 and "| 4 | 8 | 10 | zero_copy |" in md
+
+
+def test_dlrm_suite_runs_the_example_and_renders() -> None:
+    """The dlrm suite's driving and report on CPU (tiny tables); on a GPU the same code runs on CUDA."""
+    bench = _bench()
+    runs = bench.bench_dlrm("1x64x2", scale=0.002, steps=60)
+    (r,) = runs
+    assert (r["ranks"], r["batch"], r["lookahead"], r["steps"]) == (1, 64, 2, 60)
+    assert r["samples_per_second"] > 0 and r["rate_min"] <= r["rate_max"] and len(r["intervals"]) == 1
+    assert set(r["engine_ms_per_step"]) == set(bench.PHASES) and r["engine_ms_per_step"]["lookup"] > 0
+    md = "\n".join(bench._render_dlrm(runs))
+    assert "## The DLRM example on this GPU" in md and "| 1 | 64 | 2 | " in md

@@ -32,7 +32,7 @@ step time (mean, and p90 of single steps), engine time (step minus dense compute
 coalescing), dense time, gate wait, gate stall fraction (gate wait / step time), flush time on
 the training thread (flushes the gate or the gradient exchange did themselves), rows and MB
 flushed per step (all ranks together), cache hit ratio, samples/s (all ranks together), and the
-CPU seconds per step of the training thread, the flusher threads and the whole rank process.
+CPU seconds per step of the training thread, the background threads (flushers and the lookahead worker) and the whole rank process.
 
 Instrumentation reaches into the engine (``_flush_once``, ``control.wait``, ``_flushers``,
 ``queue``, ``store``) by wrapping, without changing what it does; it follows the engine's
@@ -195,7 +195,7 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     profiler = cProfile.Profile() if (args.profile and args.profile == mode and rank == 0) else None
     flushed_rows0 = flushed_bytes0 = 0
     main_flush0 = bg_flush0 = 0.0
-    flusher_tids = [t.native_id for t in eng._flushers]
+    flusher_tids = [t.native_id for t in eng.background_threads]
     cpu0 = (0.0, 0.0, 0.0)
     dist.barrier()
     wall0 = time.perf_counter()
@@ -537,7 +537,7 @@ def main() -> None:
             f"| {s['samples_per_s']:,.0f} | {s['step_vs_' + ref + '_paired']:.2f}x |"
         )
     print("\n| mode | push_lookahead ms | begin_step ms (incl. gate) | lookup ms | apply_gradients ms "
-          "(incl. exchange wait) | flush in flusher threads ms | CPU train thread ms | CPU flushers ms | "
+          "(incl. exchange wait) | flush in flusher threads ms | CPU train thread ms | CPU background threads ms | "
           "CPU process ms | CPU engine calls ms | CPU dense ms | rows due at next step | rows pending |")
     print("|---|" + "---:|" * 12)
     for m, s in summary.items():

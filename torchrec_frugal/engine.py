@@ -222,6 +222,11 @@ class FrugalEngine:
             else None
         )
 
+    @property
+    def background_threads(self) -> List[threading.Thread]:
+        """The threads working for this rank beside the training thread (flushers, lookahead worker)."""
+        return self._flushers + ([self._worker.thread] if self._worker is not None else [])
+
     # ------------------------------------------------------------------ set-up helpers
     def _rank_world(self) -> Tuple[int, int]:
         if dist.is_available() and dist.is_initialized():

@@ -2,15 +2,18 @@
 # Device check of the CUDA path, one prepared run on a GPU machine (under 8 minutes):
 #   1. installs the carried TorchRec stack (.whl/, see scripts/fetch_device_wheels.sh) into a
 #      private folder on PYTHONPATH, never over the image's packages;
-#   2. CUDA tests: the device layer and a failed registration, the engine's exactness with 2 and 4
-#      ranks sharing GPU 0, TorchRec with frugal tables on CUDA against TorchRec on CPU (2 and 4
-#      ranks, SGD and row-wise Adagrad, with and without FrugalTrainPipeline, a checkpoint);
-#   3. the README's swap example, examples/dlrm/train.py --sharder frugal and examples/graph/train.py
-#      with 1 rank, and 2 and 4 ranks sharing the GPU (gloo);
-#   4. benchmarks/bench_gpu.py, then docs/gpu.md from its measurements and the table of suites.
+#   2. unit: the CUDA unit tests (mapped tables, a registration CUDA refuses, the flush stream);
+#   3. torchrec: TorchRec with frugal tables on CUDA against TorchRec on CPU (2 and 4 ranks sharing
+#      GPU 0, SGD and row-wise Adagrad, with and without FrugalTrainPipeline, a checkpoint);
+#   4. examples: the README's swap example, examples/dlrm/train.py --sharder frugal and
+#      examples/graph/train.py with 1 rank, and 2 and 4 ranks sharing the GPU (gloo);
+#   5. engine: the engine's exactness with 2 and 4 ranks sharing GPU 0;
+#   6. bench: benchmarks/bench_gpu.py, then docs/gpu.md from its measurements and the table of suites.
 #
 # Run from the repository root of a copy of the working tree on the GPU machine:
 #     bash scripts/device_check.sh
+# CHECK_PARTS="unit torchrec examples engine bench" (the default, in this order) picks parts for
+# a rerun of what failed or ran out of time.
 # Results: docs/gpu.md in the tree; tests.tsv, status.tsv, gpu.json, gpu.md, the logs and the
 # examples' summaries in $OUT (or /tmp/frugal-device-check) to bring back.
 # Exit: 0 when every suite passed; 1 when any failed, timed out, skipped a CUDA test or did not
@@ -29,6 +32,8 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 exec > >(tee -a "$RES/check.log") 2>&1
 
 BENCH_RESERVE=${BENCH_RESERVE_S:-120}  # seconds kept for benchmarks/bench_gpu.py, whose JSON docs/gpu.md is written from
+PARTS=${CHECK_PARTS:-unit torchrec examples engine bench}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 
 left() { echo $((DEADLINE - $(date +%s))); }
 budget() { # the smaller of $1 seconds and what is left before the deadline, less the benchmark's reserve
@@ -89,53 +94,67 @@ suite() {
   $REPORT suite "$RES" "$name" "${PIPESTATUS[0]}" "$log"
 }
 
-suite "device layer and registration checks, CPU parts (tests/test_device_paths.py)" 60 tests/test_device_paths.py
-suite "CUDA unit tests: mapped tables, a failed registration, staged copies, flush stream" 60 \
-  tests/test_cuda_engine.py -k "not ranks_sharing"
-suite "engine exactness on CUDA, 2 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[2]"
-suite "engine exactness on CUDA, 4 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[4]"
-suite "TorchRec with frugal tables on CUDA vs TorchRec on CPU, 2 and 4 ranks, checkpoint (tests/test_cuda_torchrec.py)" 240 \
-  tests/test_cuda_torchrec.py
+unit() {
+  suite "registration checks: CUDA mocked, and the CUDA runtime torch loaded (tests/test_device_paths.py)" 40 \
+    tests/test_device_paths.py -k "registration or loaded_runtime"
+  suite "CUDA unit tests: mapped tables, a failed registration, staged copies, flush stream" 60 \
+    tests/test_cuda_engine.py -k "not ranks_sharing"
+}
+torchrec() {
+  suite "TorchRec with frugal tables on CUDA vs TorchRec on CPU, 2 and 4 ranks, checkpoint (tests/test_cuda_torchrec.py)" 240 \
+    tests/test_cuda_torchrec.py
+}
+engine() {
+  suite "engine exactness on CUDA, 2 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[2]"
+  suite "engine exactness on CUDA, 4 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[4]"
+}
 
 # The examples as a user runs them; the three scripts of one rank count run side by side.
-$REPORT readme-example "$RES/examples/readme_swap.py" --batches 20
 run_examples() {
   local n=$1 t; t=$(budget 90)
+  local names=("README swap example on CUDA, $n rank(s)" "examples/dlrm/train.py --sharder frugal on CUDA, $n rank(s)"
+    "examples/graph/train.py --sharder frugal on CUDA, $n rank(s)")
+  local logs=("$RES/logs/readme_$n.log" "$RES/logs/dlrm_$n.log" "$RES/logs/graph_$n.log")
   if [ "$t" -lt 30 ]; then
-    for kind in readme dlrm graph; do
-      echo "not run: out of time" >"$RES/logs/${kind}_$n.log"; $REPORT suite "$RES" "$kind example, $n rank(s)" 125 "$RES/logs/${kind}_$n.log"
-    done
+    for i in 0 1 2; do echo "not run: out of time" >"${logs[$i]}"; $REPORT suite "$RES" "${names[$i]}" 125 "${logs[$i]}"; done
     return
   fi
   echo "== examples with $n rank(s) (at most ${t}s)"
   local run="timeout $t $PY -m torch.distributed.run --standalone --nproc_per_node=$n"
-  $run "$RES/examples/readme_swap.py" >"$RES/logs/readme_$n.log" 2>&1 &
+  $run "$RES/examples/readme_swap.py" >"${logs[0]}" 2>&1 &
   local p1=$!
   $run examples/dlrm/train.py --sharder frugal --config criteo-kaggle --scale 0.01 --batch-size 1024 --steps 60 \
     --warmup 10 --presample-steps 20 --log-every 20 --threads 2 --no-progress --summary "$RES/examples/dlrm_$n.json" \
-    >"$RES/logs/dlrm_$n.log" 2>&1 &
+    >"${logs[1]}" 2>&1 &
   local p2=$!
   $run examples/graph/train.py --sharder frugal --dataset synthetic --synthetic-entities 20000 --synthetic-relations 50 \
     --synthetic-triples 100000 --model transe_l2 --dim 64 --batch-size 512 --steps 60 --warmup 10 --presample-steps 20 \
     --eval-triples 200 --log-every 20 --threads 2 --no-progress --summary "$RES/examples/graph_$n.json" \
-    >"$RES/logs/graph_$n.log" 2>&1 &
+    >"${logs[2]}" 2>&1 &
   local p3=$!
   wait $p1; local r1=$?
   wait $p2; local r2=$?
   wait $p3; local r3=$?
-  tail -n 3 "$RES/logs/readme_$n.log" "$RES/logs/dlrm_$n.log" "$RES/logs/graph_$n.log"
-  $REPORT suite "$RES" "README swap example on CUDA, $n rank(s)" "$r1" "$RES/logs/readme_$n.log" \
-    --expect "rank 0 of $n \(cuda:0, (gloo|nccl)\): last loss"
-  $REPORT suite "$RES" "examples/dlrm/train.py --sharder frugal on CUDA, $n rank(s)" "$r2" "$RES/logs/dlrm_$n.log" \
-    --summary "$RES/examples/dlrm_$n.json" --expect "ranks \((gloo|nccl), cuda"
-  $REPORT suite "$RES" "examples/graph/train.py --sharder frugal on CUDA, $n rank(s)" "$r3" "$RES/logs/graph_$n.log" \
-    --summary "$RES/examples/graph_$n.json" --expect "ranks \((gloo|nccl), cuda"
+  tail -n 3 "${logs[@]}"
+  $REPORT suite "$RES" "${names[0]}" "$r1" "${logs[0]}" --expect "rank 0 of $n \(cuda:0, (gloo|nccl)\): last loss"
+  $REPORT suite "$RES" "${names[1]}" "$r2" "${logs[1]}" --summary "$RES/examples/dlrm_$n.json" --expect "ranks \((gloo|nccl), cuda"
+  $REPORT suite "$RES" "${names[2]}" "$r3" "${logs[2]}" --summary "$RES/examples/graph_$n.json" --expect "ranks \((gloo|nccl), cuda"
 }
-for n in 1 2 4; do run_examples "$n"; done
+examples() {
+  $REPORT readme-example "$RES/examples/readme_swap.py" --batches 20
+  for n in 1 2 4; do run_examples "$n"; done
+}
+
+# CHECK_PARTS picks parts for a rerun; a part left out is listed in the table, not run.
+for part in unit torchrec examples engine; do
+  if want "$part"; then "$part"; else $REPORT info "$RES" "$part" "not selected (CHECK_PARTS=$PARTS)"; fi
+done
 
 echo "== benchmark"
 t=$(left)
-if [ "$t" -ge 60 ]; then
+if ! want bench; then
+  $REPORT info "$RES" "bench" "not selected (CHECK_PARTS=$PARTS)"
+elif [ "$t" -ge 60 ]; then
   quick=""; [ "$t" -lt 240 ] && quick="--quick"  # the full benchmark builds a 4 GiB table
   echo "benchmarks/bench_gpu.py $quick (at most ${t}s)"
   timeout "$t" $PY benchmarks/bench_gpu.py --json "$RES/gpu.json" $quick 2>&1 | tee "$RES/logs/bench_gpu.log"

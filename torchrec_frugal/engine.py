@@ -50,6 +50,7 @@ from .gate import (
     UPDATED,
     Control,
     control_field,
+    flushed_through,
 )
 from .lookahead import LookaheadWindow
 from .lookahead_ring import LookaheadRing, merge_unique
@@ -635,13 +636,8 @@ class FrugalEngine:
     # ------------------------------------------------------------------ flushing
     def _publish_flushed(self) -> None:
         """Publish the step through which this owner's host rows are current (lock held)."""
-        bound = int(INF_STEP)
-        m = self.queue.min_priority()
-        if m is not None:
-            bound = m - 1 if m != INF else self.window.last_step  # type: ignore[union-attr]
-        if self._inflight is not None:
-            bound = min(bound, self._inflight)
-        self.control.set(FLUSHED, bound)
+        last = self.window.last_step if self.window is not None else self.step
+        self.control.set(FLUSHED, flushed_through(self.queue.min_priority(), self.queue.deferred, last, self._inflight))
 
     def _flush_once(self, max_priority: Optional[int], wait: bool = True) -> bool:
         """Copy one chunk of the lowest-priority pending rows to host; False if nothing was due.
@@ -699,7 +695,7 @@ class FrugalEngine:
         row coalesce into one host write, until too many of them wait.
         """
         with self._lock:
-            deferred = int(self.queue.bucket_sizes()[-1])
+            deferred = self.queue.deferred
         return INF if deferred > self.config.max_deferred_rows else INF - 1
 
     def _flusher_loop(self) -> None:

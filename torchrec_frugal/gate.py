@@ -9,7 +9,7 @@ Waits watch the peers' pids and give up after a timeout, naming the rank at faul
 from __future__ import annotations
 
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
@@ -18,10 +18,31 @@ from .errors import RankLostError
 from .shm import Field, pid_alive
 
 INF_STEP = np.int64(2**62)  # "flushed through forever": the rank has no pending host write
+INF_PRIORITY = int(np.iinfo(np.int64).max)  # the queue's priority of deferred rows (priority_queue.INF)
 
 PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC, CAUSE = range(9)
 NUM_FIELDS = 9  # CAUSE: 1 + the rank whose loss made this rank fail (its own rank otherwise)
 RUNNING, CLOSED, FAILED = 0, 1, 2
+
+
+def flushed_through(min_priority: Optional[int], deferred: int, last_ingested: int, inflight: Optional[int]) -> int:
+    """The step through which an owner's host rows are current: what its FLUSHED counter says.
+
+    ``min_priority``: the lowest priority pending (None when nothing is; INF_PRIORITY when only
+    deferred rows are). A finite priority p is the next step that reads the row, so host is
+    current through p - 1. A deferred row is read at no step the owner has ingested, but may be
+    read at any later one: with deferred rows pending, host is current only through the newest
+    ingested step, however far away the finite priorities are. ``inflight``: the bound of a chunk
+    being copied (its rows are still stale on host).
+    """
+    bound = int(INF_STEP)
+    if min_priority is not None:
+        bound = last_ingested if min_priority == INF_PRIORITY else min_priority - 1
+        if deferred:
+            bound = min(bound, last_ingested)
+    if inflight is not None:
+        bound = min(bound, inflight)
+    return bound
 
 
 def control_field(world_size: int) -> Field:

@@ -101,6 +101,11 @@ class PendingQueue(abc.ABC):
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def deferred(self) -> int:
+        """Rows pending with priority ``INF`` (no read in the window)."""
+        return int(self._counts[self._inf_slot])
+
     # ----------------------------------------------------------------- lookups
     def contains(self, rows: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``rows`` are pending."""

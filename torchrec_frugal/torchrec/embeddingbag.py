@@ -100,10 +100,9 @@ class FrugalShardedModuleMixin:
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         if skip_registering:
-            super()._initialize_torch_state(skip_registering)  # type: ignore[misc]
+            super()._initialize_torch_state(skip_registering=True)  # type: ignore[misc]
         else:  # TorchRec 1.6's ShardedEmbeddingCollection takes no argument here
             super()._initialize_torch_state()  # type: ignore[misc]
-        if not skip_registering:
             self._register_frugal_state_hooks()
 
     def input_dist(self, ctx: Any, features: KeyedJaggedTensor) -> Awaitable[Awaitable[Any]]:

@@ -6,6 +6,8 @@ so a stale read changes the trajectory and cannot go unnoticed.
 """
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -35,6 +37,7 @@ class Scenario:
     device: str = "cpu"  # "cuda": every rank on the current CUDA device (several ranks may share it)
     host_path: str = "auto"
     sorted_reads: Optional[bool] = None  # None: the device's default (True on CUDA only)
+    worker_lag_s: float = 0.0  # each publish of the lookahead worker waits up to this long (a lagging worker)
 
 
 
@@ -59,6 +62,14 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
                        host_path=sc.host_path)
     eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
                        device=torch.device(sc.device))
+    if sc.worker_lag_s:
+        publish, lag = eng._worker._publish, random.Random(rank)
+
+        def late(t: int, rows, idle) -> None:
+            time.sleep(lag.random() * sc.worker_lag_s)
+            publish(t, rows, idle)
+
+        eng._worker._publish = late
     if sc.sorted_reads is not None:
         eng.host.sorted_reads = sc.sorted_reads
     if sc.broken_lookahead:

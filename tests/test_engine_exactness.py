@@ -25,6 +25,9 @@ def _matrix_2() -> list:
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="adam", steps=STEPS),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, queue="heap"),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=0),
+        # A lookahead worker that lags behind the training thread: the gate must wait for it.
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=600, in_host=False, worker_lag_s=0.004),
+        Scenario(lookahead=2, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=600, worker_lag_s=0.004),
         # Host reads deduplicated and in row order, then expanded (the CUDA default).
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, in_host=False, sorted_reads=True),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0, in_host=False),

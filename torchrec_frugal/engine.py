@@ -637,7 +637,7 @@ class FrugalEngine:
     def _publish_flushed(self) -> None:
         """Publish the step through which this owner's host rows are current (lock held)."""
         last = self.window.last_step if self.window is not None else self.step
-        self.control.set(FLUSHED, flushed_through(self.queue.min_priority(), self.queue.deferred, last, self._inflight))
+        self.control.set(FLUSHED, flushed_through(self.queue.min_priority(), last, self._inflight))
 
     def _flush_once(self, max_priority: Optional[int], wait: bool = True) -> bool:
         """Copy one chunk of the lowest-priority pending rows to host; False if nothing was due.

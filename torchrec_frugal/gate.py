@@ -25,21 +25,19 @@ NUM_FIELDS = 9  # CAUSE: 1 + the rank whose loss made this rank fail (its own ra
 RUNNING, CLOSED, FAILED = 0, 1, 2
 
 
-def flushed_through(min_priority: Optional[int], deferred: int, last_ingested: int, inflight: Optional[int]) -> int:
+def flushed_through(min_priority: Optional[int], last_ingested: int, inflight: Optional[int]) -> int:
     """The step through which an owner's host rows are current: what its FLUSHED counter says.
 
-    ``min_priority``: the lowest priority pending (None when nothing is; INF_PRIORITY when only
+    ``min_priority``: the lowest priority pending (None when nothing is, INF_PRIORITY when only
     deferred rows are). A finite priority p is the next step that reads the row, so host is
-    current through p - 1. A deferred row is read at no step the owner has ingested, but may be
-    read at any later one: with deferred rows pending, host is current only through the newest
-    ingested step, however far away the finite priorities are. ``inflight``: the bound of a chunk
-    being copied (its rows are still stale on host).
+    current through p - 1; p comes from an ingested read, so p - 1 < ``last_ingested`` and the
+    deferred rows (read at no ingested step) are covered too. With only deferred rows pending,
+    host is current through the newest ingested step. ``inflight``: the bound of a chunk being
+    copied (its rows are still stale on host).
     """
     bound = int(INF_STEP)
     if min_priority is not None:
         bound = last_ingested if min_priority == INF_PRIORITY else min_priority - 1
-        if deferred:
-            bound = min(bound, last_ingested)
     if inflight is not None:
         bound = min(bound, inflight)
     return bound

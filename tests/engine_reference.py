@@ -37,6 +37,7 @@ class Scenario:
     device: str = "cpu"  # "cuda": every rank on the current CUDA device (several ranks may share it)
     host_path: str = "auto"
     sorted_reads: Optional[bool] = None  # None: the device's default (True on CUDA only)
+    worker: Optional[bool] = None  # the lookahead worker thread (None: the device's default, off on CPU)
     worker_lag_s: float = 0.0  # each publish of the lookahead worker waits up to this long (a lagging worker)
 
 
@@ -59,7 +60,7 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     cfg = FrugalConfig(lookahead=sc.lookahead, cache_ratio=sc.cache_ratio, queue=sc.queue,
                        flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60,
                        max_deferred_rows=sc.max_deferred_rows, update_uncached_in_host=sc.in_host,
-                       host_path=sc.host_path)
+                       host_path=sc.host_path, lookahead_worker=sc.worker)
     eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
                        device=torch.device(sc.device))
     if sc.worker_lag_s:

@@ -18,16 +18,16 @@ def _matrix_2() -> list:
         Scenario(lookahead=l, cache_ratio=c, optimizer=o, steps=STEPS)
         for l, c, o in itertools.product((0, 1, 10), (0.0, 0.05, 1.0), ("sgd", "rowwise_adagrad"))
     ] + [
-        # Uncached rows through dynamic slots and background flushes, as on an accelerator.
-        Scenario(lookahead=l, cache_ratio=c, optimizer=o, steps=STEPS, in_host=False)
+        # Uncached rows through dynamic slots, background flushes and the lookahead worker, as on an accelerator.
+        Scenario(lookahead=l, cache_ratio=c, optimizer=o, steps=STEPS, in_host=False, worker=True)
         for l, c, o in [(0, 0.05, "sgd"), (1, 0.0, "rowwise_adagrad"), (10, 0.05, "rowwise_adagrad"), (10, 0.0, "sgd")]
     ] + [
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="adam", steps=STEPS),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, queue="heap"),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=0),
         # A lookahead worker that lags behind the training thread: the gate must wait for it.
-        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=600, in_host=False, worker_lag_s=0.004),
-        Scenario(lookahead=2, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=600, worker_lag_s=0.004),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=600, in_host=False, worker=True, worker_lag_s=0.004),
+        Scenario(lookahead=2, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=600, worker=True, worker_lag_s=0.004),
         # Host reads deduplicated and in row order, then expanded (the CUDA default).
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, in_host=False, sorted_reads=True),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0, in_host=False),
@@ -42,7 +42,8 @@ def _matrix_4() -> list:
         for l, c, o in itertools.product((0, 1, 10), (0.0, 0.05, 1.0), ("sgd", "rowwise_adagrad"))
     ] + [
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0, in_host=False),
-        Scenario(lookahead=1, cache_ratio=0.0, optimizer="sgd", steps=STEPS, in_host=False),
+        Scenario(lookahead=1, cache_ratio=0.0, optimizer="sgd", steps=STEPS, in_host=False, worker=True),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, in_host=False, worker=True),
     ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
 
 

@@ -34,6 +34,12 @@ class FrugalConfig:
         gathers into a page-locked buffer, then one asynchronous copy (flushes: the reverse).
         "auto": zero_copy where the tables can be registered, else pinned. On a CPU device the
         tables are read in place (zero_copy); "pinned" there stages through a buffer, as on CUDA.
+    lookahead_worker: where the lookahead's bookkeeping runs (publishing this rank's announced
+        rows, ingesting the peers' into the owner's window and queue). True: a background thread
+        per rank. False: the training thread, when a batch is pushed and at the update. None
+        picks the thread on an accelerator, whose training thread spends its time waiting for
+        the device, and the training thread on a CPU device, whose cores the training already
+        keeps busy (a thread there only adds switches).
     timeout_s: longest wait on another rank before the run is aborted with an error.
     """
 
@@ -45,6 +51,7 @@ class FrugalConfig:
     max_deferred_rows: int = 65536
     update_uncached_in_host: Optional[bool] = None
     host_path: str = "auto"
+    lookahead_worker: Optional[bool] = None
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:

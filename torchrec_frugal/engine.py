@@ -217,9 +217,10 @@ class FrugalEngine:
         ]
         for t in self._flushers:
             t.start()
+        use_worker = self.device.type != "cpu" if self.config.lookahead_worker is None else self.config.lookahead_worker
         self._worker = (
             LookaheadWorker(f"frugal-lookahead-{self.rank}", self.ring.publish, self._ingest_available, self._fail_from_thread)
-            if self.lookahead > 0
+            if self.lookahead > 0 and use_worker
             else None
         )
 
@@ -364,9 +365,15 @@ class FrugalEngine:
         rows = self._check_rows(rows, f"lookahead batch of step {t}").clone()
         self._next_push = t + 1
         self._pushed.append((t, rows))
+        self._announce(t, rows)
+        self._phase["announce"] += time.perf_counter() - t0
+
+    def _announce(self, t: int, rows: torch.Tensor) -> None:
+        """Publish step t's rows to their owners: through the worker, or here and now."""
         if self._worker is not None:
             self._worker.announce(t, rows.numpy())
-        self._phase["announce"] += time.perf_counter() - t0
+        elif self.lookahead > 0:
+            self._guard(lambda: self.ring.publish(t, rows.numpy(), self._ingest_available))
 
     def _ingest_available(self, through: Optional[int] = None) -> bool:
         """Ingest every step all ranks have published (at least through ``through``); True if any."""
@@ -433,8 +440,7 @@ class FrugalEngine:
             self._pushed.popleft()
         else:
             self._next_push = s + 1
-            if self._worker is not None:
-                self._worker.announce(s, rows.clone().numpy())
+            self._announce(s, rows.clone())
         self._step_t0 = time.perf_counter()
         self._phase["announce"] += self._step_t0 - t0
         self._gate_wait = self._guard(lambda: self._gate(s))
@@ -642,8 +648,10 @@ class FrugalEngine:
     def _flush_once(self, max_priority: Optional[int], wait: bool = True) -> bool:
         """Copy one chunk of the lowest-priority pending rows to host; False if nothing was due.
 
-        Chunks of one rank are copied one at a time: a row re-queued while its older copy is in
-        flight must not have its newer copy overtaken by the older one.
+        A chunk takes up to ``flush_chunk_rows`` rows from the lowest buckets up to
+        ``max_priority`` (several priorities in one copy: each copy has a fixed cost). Chunks of
+        one rank are copied one at a time: a row re-queued while its older copy is in flight
+        must not have its newer copy overtaken by the older one.
         """
         if not self._flush_mutex.acquire(blocking=wait):
             return False
@@ -652,8 +660,7 @@ class FrugalEngine:
                 m = self.queue.min_priority()
                 if m is None or (max_priority is not None and m > max_priority):
                     return False
-                rows, prio = self.queue.pop_min(self.config.flush_chunk_rows)
-                rows.sort()  # written in row order: the order host memory and the link like
+                rows, prio = self._pop_chunk(max_priority)
                 # While in flight these rows are still stale on host: a finite chunk bounds the
                 # published progress by prio - 1, an INF chunk by the window as it is now.
                 self._inflight = prio - 1 if prio != INF else self.window.last_step  # type: ignore[union-attr]
@@ -687,6 +694,26 @@ class FrugalEngine:
             return True
         finally:
             self._flush_mutex.release()
+
+    def _pop_chunk(self, max_priority: Optional[int]) -> Tuple[np.ndarray, int]:
+        """Pop up to a chunk of rows, lowest priority first, none above ``max_priority`` (lock held).
+
+        Returns the rows in row order (the order host memory and the link like) and the lowest
+        priority popped, which bounds the published progress while they are in flight.
+        """
+        limit = self.config.flush_chunk_rows
+        parts, first = [], INF
+        while limit > 0:
+            m = self.queue.min_priority()
+            if m is None or (max_priority is not None and m > max_priority) or (parts and m == INF):
+                break
+            rows, prio = self.queue.pop_min(limit)
+            parts.append(rows)
+            first = min(first, prio)
+            limit -= rows.shape[0]
+        rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        rows.sort()
+        return rows, first
 
     def _background_bound(self) -> int:
         """Highest priority worth flushing ahead of need: any finite one, INF only past the bound.

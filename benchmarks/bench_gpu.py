@@ -351,9 +351,10 @@ def render(results: Dict[str, Any], tests_tsv: str) -> str:
         "| suite | result |",
         "|---|---|",
     ]
-    for line in Path(tests_tsv).read_text().splitlines():
-        name, summary = line.split("\t", 1)
-        lines.append(f"| {name} | {summary} |")
+    for path in tests_tsv.split(","):  # one table of suites per device call
+        for line in Path(path).read_text().splitlines():
+            name, summary = line.split("\t", 1)
+            lines.append(f"| {name} | {summary} |")
     if "reads" in results:
         lines += _render_reads(results["reads"])
     if "paths" in results:
@@ -477,12 +478,15 @@ def main() -> None:
     ap.add_argument("--dlrm-runs", default=DLRM_RUNS, help="dlrm suite: comma-separated RANKSxBATCHxL")
     ap.add_argument("--dlrm-scale", type=float, default=1.0, help="dlrm suite: criteo-kaggle row scale")
     ap.add_argument("--dlrm-steps", type=int, default=150, help="dlrm suite: steps per rank")
-    ap.add_argument("--render", help="a JSON this script wrote: format it as markdown")
-    ap.add_argument("--tests", help="with --render: tab-separated suite and result lines")
+    ap.add_argument("--render", help="JSONs this script wrote (comma-separated, e.g. of two device calls): format as markdown")
+    ap.add_argument("--tests", help="with --render: files of tab-separated suite and result lines (comma-separated)")
     ap.add_argument("--md", help="with --render: write the markdown here")
     args = ap.parse_args()
     if args.render:
-        text = render(json.loads(Path(args.render).read_text()), args.tests)
+        merged: Dict[str, Any] = {}
+        for path in args.render.split(","):
+            merged = {**json.loads(Path(path).read_text()), **merged}  # the first call's facts and suites win
+        text = render(merged, args.tests)
         Path(args.md).write_text(text)
         print(text)
         return

@@ -6,7 +6,9 @@ TorchRec table_wise. train.py logs, every ``--every`` steps, the rate over those
 pending host writes of rank 0's engines; this script keeps those intervals and reports, per variant:
 
 * the rate of the first interval after the warm-up interval and of the last one, and their ratio
-  (goal: the last within 3% of the first),
+  (goal: the last within 3% of the first), and rank 0's engine time per step in both (the
+  training thread's time in Frugal's engine: unlike the rate, it does not move with the speed
+  of the machine, which drifts over minutes on a shared host),
 * the pending rows at each interval, against their bound: ``max_deferred_rows`` (rows nobody reads
   within the window wait in the infinity bucket until there are more than that many, then the
   flushers drain them) plus the rows the window's steps read from host, at most ``(L + 1) x`` the
@@ -51,17 +53,19 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (rate, pend) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (rate, eng, pend) = plt.subplots(1, 3, figsize=(15, 4))
     for name, r in results["variants"].items():
         steps = [i["step"] for i in r["intervals"]]
         rate.plot(steps, [i["samples_per_second"] / 1e3 for i in r["intervals"]], marker="o", label=name)
         if name != "table_wise":
+            eng.plot(steps, [i["engine_ms_per_step"] for i in r["intervals"]], marker="o", label=name)
             pend.plot(steps, [i["pending_rows"] / 1e3 for i in r["intervals"]], marker="o", label=name)
     bound = results["pending_bound_rows"]
     pend.axhline(bound / 1e3, color="gray", linestyle="--", label="nominal bound")
     rate.set(xlabel="step", ylabel="k samples/s (all ranks)", title=f"rate per {results['every']} steps")
+    eng.set(xlabel="step", ylabel="ms per step (rank 0)", title="training thread in the engine")
     pend.set(xlabel="step", ylabel="k rows (rank 0)", title="pending host writes")
-    for ax in (rate, pend):
+    for ax in (rate, eng, pend):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -81,7 +85,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--replot", type=Path, help="only draw --plot from this JSON of an earlier run")
     args = ap.parse_args()
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.plot)
+        return
     train_py = find_train_script()
     common = ["--scale", str(args.scale), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
               "--warmup", str(args.every), "--log-every", str(args.every)]
@@ -98,12 +106,13 @@ def main() -> None:
     host_reads_per_step = args.nproc * args.batch_size * 26
     results["pending_bound_rows"] = args.max_deferred_rows + (10 + 1) * host_reads_per_step
     print(f"\n{args.steps} steps, {args.nproc} ranks x {args.threads} thread, scale {args.scale}, batch {args.batch_size}")
-    print("| variant | first k/s | last k/s | last / first | pending rows (first -> max -> last) | peak RSS MiB |")
-    print("|---|---:|---:|---:|---|---:|")
+    print("| variant | first k/s | last k/s | last / first | engine ms/step, rank 0 (first -> last) | pending rows (first -> max -> last) | peak RSS MiB |")
+    print("|---|---:|---:|---:|---|---|---:|")
     for name, r in results["variants"].items():
         p = [i["pending_rows"] for i in r["intervals"]]
+        e = [i["engine_ms_per_step"] for i in r["intervals"]]
         print(f"| {name} | {r['first'] / 1e3:.1f} | {r['last'] / 1e3:.1f} | {r['last_over_first']:.3f} | "
-              f"{p[1]:,} -> {max(p):,} -> {p[-1]:,} | {max(r['peak_rss_mib_per_rank']):.0f} |")
+              f"{e[1]:.2f} -> {e[-1]:.2f} | {p[1]:,} -> {max(p):,} -> {p[-1]:,} | {max(r['peak_rss_mib_per_rank']):.0f} |")
     print(f"pending bound: {results['pending_bound_rows']:,} rows; command: python {shlex.join(sys.argv)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

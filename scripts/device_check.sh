@@ -13,7 +13,11 @@
 # Run from the repository root of a copy of the working tree on the GPU machine:
 #     bash scripts/device_check.sh
 # CHECK_PARTS="unit torchrec examples engine bench" (the default, in this order) picks parts for
-# a rerun of what failed or ran out of time.
+# a rerun of what failed or ran out of time. BENCH_ARGS adds arguments to bench_gpu.py: the DLRM
+# example's measurements take a call of their own, e.g.
+#     CHECK_PARTS=bench BENCH_ARGS="--suites dlrm --dlrm-runs 1x4096x10,2x4096x10,2x4096x0" bash scripts/device_check.sh
+# and `bench_gpu.py --render first/gpu.json,second/gpu.json --tests first/tests.tsv,second/tests.tsv
+# --md docs/gpu.md` writes both calls into one report.
 # Results: docs/gpu.md in the tree; tests.tsv, status.tsv, gpu.json, gpu.md, the logs and the
 # examples' summaries in $OUT (or /tmp/frugal-device-check) to bring back.
 # Exit: 0 when every suite passed; 1 when any failed, timed out, skipped a CUDA test or did not
@@ -157,7 +161,8 @@ if ! want bench; then
 elif [ "$t" -ge 60 ]; then
   quick=""; [ "$t" -lt 240 ] && quick="--quick"  # the full benchmark builds a 4 GiB table
   echo "benchmarks/bench_gpu.py $quick (at most ${t}s)"
-  timeout "$t" $PY benchmarks/bench_gpu.py --json "$RES/gpu.json" $quick 2>&1 | tee "$RES/logs/bench_gpu.log"
+  # shellcheck disable=SC2086
+  timeout "$t" $PY benchmarks/bench_gpu.py --json "$RES/gpu.json" $quick ${BENCH_ARGS:-} 2>&1 | tee "$RES/logs/bench_gpu.log"
   $REPORT suite "$RES" "benchmarks/bench_gpu.py $quick" "${PIPESTATUS[0]}" "$RES/logs/bench_gpu.log" --expect '"gate_stall_fraction"'
 else
   echo "not run: out of time" >"$RES/logs/bench_gpu.log"; $REPORT suite "$RES" "benchmarks/bench_gpu.py" 125 "$RES/logs/bench_gpu.log"

@@ -404,20 +404,28 @@ class FrugalEngine:
                 did = True
 
     def _ingest_through(self, s: int) -> None:
-        """Ingest through step s, which every rank announced (their workers may still publish it)."""
-        if self.window is None or self.window.last_step >= s:
+        """Ingest at least through step s, which every rank announced; without a worker, all there is.
+
+        The owner's window must run ahead of the steps its peers start: with deferred rows pending
+        its progress counter says "current through the newest ingested step". The worker keeps it
+        ahead in the background; without one, the update does, once per step.
+        """
+        if self.window is None:
             return
+        behind = self.window.last_step < s
+        if behind:
 
-        def idle() -> bool:
-            self._raise_if_failed()
-            return self._ingest_available()
+            def idle() -> bool:
+                self._raise_if_failed()
+                return self._ingest_available()
 
-        self.control.wait(
-            lambda: [r for r, p in enumerate(self.control.get(PUBLISHED)) if p < s],
-            f"the lookahead of step {s} to be published",
-            idle,
-        )
-        self._ingest_available(through=s)
+            self.control.wait(
+                lambda: [r for r, p in enumerate(self.control.get(PUBLISHED)) if p < s],
+                f"the lookahead of step {s} to be published",
+                idle,
+            )
+        if behind or self._worker is None:
+            self._ingest_available(through=s)
 
     # ------------------------------------------------------------------ the step
     def begin_step(self, rows: torch.Tensor) -> int:
@@ -648,10 +656,8 @@ class FrugalEngine:
     def _flush_once(self, max_priority: Optional[int], wait: bool = True) -> bool:
         """Copy one chunk of the lowest-priority pending rows to host; False if nothing was due.
 
-        A chunk takes up to ``flush_chunk_rows`` rows from the lowest buckets up to
-        ``max_priority`` (several priorities in one copy: each copy has a fixed cost). Chunks of
-        one rank are copied one at a time: a row re-queued while its older copy is in flight
-        must not have its newer copy overtaken by the older one.
+        Chunks of one rank are copied one at a time: a row re-queued while its older copy is in
+        flight must not have its newer copy overtaken by the older one.
         """
         if not self._flush_mutex.acquire(blocking=wait):
             return False
@@ -660,7 +666,10 @@ class FrugalEngine:
                 m = self.queue.min_priority()
                 if m is None or (max_priority is not None and m > max_priority):
                     return False
-                rows, prio = self._pop_chunk(max_priority)
+                # One priority per chunk: while in flight a chunk bounds the published progress,
+                # and one that also took rows due later would hold back the rows due next.
+                rows, prio = self.queue.pop_min(self.config.flush_chunk_rows)
+                rows.sort()  # written in row order: the order host memory and the link like
                 # While in flight these rows are still stale on host: a finite chunk bounds the
                 # published progress by prio - 1, an INF chunk by the window as it is now.
                 self._inflight = prio - 1 if prio != INF else self.window.last_step  # type: ignore[union-attr]
@@ -694,26 +703,6 @@ class FrugalEngine:
             return True
         finally:
             self._flush_mutex.release()
-
-    def _pop_chunk(self, max_priority: Optional[int]) -> Tuple[np.ndarray, int]:
-        """Pop up to a chunk of rows, lowest priority first, none above ``max_priority`` (lock held).
-
-        Returns the rows in row order (the order host memory and the link like) and the lowest
-        priority popped, which bounds the published progress while they are in flight.
-        """
-        limit = self.config.flush_chunk_rows
-        parts, first = [], INF
-        while limit > 0:
-            m = self.queue.min_priority()
-            if m is None or (max_priority is not None and m > max_priority) or (parts and m == INF):
-                break
-            rows, prio = self.queue.pop_min(limit)
-            parts.append(rows)
-            first = min(first, prio)
-            limit -= rows.shape[0]
-        rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        rows.sort()
-        return rows, first
 
     def _background_bound(self) -> int:
         """Highest priority worth flushing ahead of need: any finite one, INF only past the bound.

@@ -173,7 +173,13 @@ def frugal_sharding(
     from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
     from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
 
-    config = FrugalConfig(lookahead=cfg.lookahead, cache_ratio=cfg.cache_ratio, queue=args.queue, flush_workers=args.flush_workers)
+    config = FrugalConfig(
+        lookahead=cfg.lookahead,
+        cache_ratio=cfg.cache_ratio,
+        queue=args.queue,
+        flush_workers=args.flush_workers,
+        max_deferred_rows=args.max_deferred_rows,
+    )
     sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused_params(cfg), config=config, presample_counts=presample)
     world, local = dist.get_world_size(pg), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg)))
     planner = FrugalShardingPlanner(topology=topology(world, local, device), config=config)
@@ -220,6 +226,8 @@ def data_iterator(
 
 # ---------------------------------------------------------------------------- training
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    from torchrec_frugal import FrugalConfig
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle")
     p.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's, fits 24 GiB)")
@@ -239,6 +247,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of *_{dense,sparse,labels}.npy")
     p.add_argument("--queue", choices=("two_level", "heap"), default="two_level", help="frugal: pending-write queue (heap: ablation)")
     p.add_argument("--flush-workers", type=int, default=1, help="frugal: background flusher threads per rank")
+    p.add_argument("--max-deferred-rows", type=int, default=FrugalConfig.max_deferred_rows,
+                   help="frugal: rows with no read in the window that may wait before the flushers drain them")
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
     p.add_argument("--loader-workers", type=int, default=0,
                    help="synthetic data: worker processes that make batches ahead, off the training thread")
@@ -340,6 +350,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     gate_before = exchange_before = 0.0
     phase_before: Dict[str, float] = {}
     intervals: List[Dict[str, float]] = []
+    engine_before = 0.0
     dmp.train()
     while steps_done < args.steps:
         if steps_done == args.warmup:
@@ -372,7 +383,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             now = time.perf_counter()
             sps = args.log_every * cfg.batch_size * world / (now - t_last)
             t_last = now
-            intervals.append({"step": steps_done, "samples_per_second": sps, "pending_rows": stats.pending_rows})
+            engine_s = sum(stats.phase_s.values())
+            intervals.append({"step": steps_done, "samples_per_second": sps, "pending_rows": stats.pending_rows,
+                              "engine_ms_per_step": (engine_s - engine_before) * 1e3 / args.log_every})
+            engine_before = engine_s
             k = min(len(losses), args.log_every)
             msg = (
                 f"step {steps_done:>6} | {sps:>9,.0f} samples/s | loss {torch.stack(losses[-k:]).mean():.4f} "

@@ -403,6 +403,12 @@ class FrugalEngine:
                     self._work.notify_all()
                 did = True
 
+    def _ingest_while_waiting(self) -> bool:
+        """What a wait of the training thread does meanwhile: fail if our own worker failed (the
+        peers may be waiting for it), else ingest what is published."""
+        self._raise_if_failed()
+        return self._ingest_available()
+
     def _ingest_through(self, s: int) -> None:
         """Ingest at least through step s, which every rank announced; without a worker, all there is.
 
@@ -414,15 +420,10 @@ class FrugalEngine:
             return
         behind = self.window.last_step < s
         if behind:
-
-            def idle() -> bool:
-                self._raise_if_failed()
-                return self._ingest_available()
-
             self.control.wait(
                 lambda: [r for r, p in enumerate(self.control.get(PUBLISHED)) if p < s],
                 f"the lookahead of step {s} to be published",
-                idle,
+                self._ingest_while_waiting,
             )
         if behind or self._worker is None:
             self._ingest_available(through=s)
@@ -462,8 +463,7 @@ class FrugalEngine:
             return [o for o in range(self.world_size) if updated[o] < s - 1 or flushed[o] < s]
 
         def idle() -> bool:
-            self._raise_if_failed()  # our own lookahead worker may be what the peers wait for
-            ingested = self._ingest_available()
+            ingested = self._ingest_while_waiting()
             return self._flush_once(max_priority=s, wait=False) or ingested
 
         return self.control.wait(lagging, f"the gate of step {s}", idle)

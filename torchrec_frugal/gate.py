@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from .errors import RankLostError
+from .priority_queue import INF
 from .shm import Field, pid_alive
 
 INF_STEP = np.int64(2**62)  # "flushed through forever": the rank has no pending host write
-INF_PRIORITY = int(np.iinfo(np.int64).max)  # the queue's priority of deferred rows (priority_queue.INF)
 
 PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC, CAUSE = range(9)
 NUM_FIELDS = 9  # CAUSE: 1 + the rank whose loss made this rank fail (its own rank otherwise)
@@ -28,7 +28,7 @@ RUNNING, CLOSED, FAILED = 0, 1, 2
 def flushed_through(min_priority: Optional[int], last_ingested: int, inflight: Optional[int]) -> int:
     """The step through which an owner's host rows are current: what its FLUSHED counter says.
 
-    ``min_priority``: the lowest priority pending (None when nothing is, INF_PRIORITY when only
+    ``min_priority``: the lowest priority pending (None when nothing is, INF when only
     deferred rows are). A finite priority p is the next step that reads the row, so host is
     current through p - 1; p comes from an ingested read, so p - 1 < ``last_ingested`` and the
     deferred rows (read at no ingested step) are covered too. With only deferred rows pending,
@@ -37,7 +37,7 @@ def flushed_through(min_priority: Optional[int], last_ingested: int, inflight: O
     """
     bound = int(INF_STEP)
     if min_priority is not None:
-        bound = last_ingested if min_priority == INF_PRIORITY else min_priority - 1
+        bound = last_ingested if min_priority == INF else min_priority - 1
     if inflight is not None:
         bound = min(bound, inflight)
     return bound

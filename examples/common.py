@@ -56,8 +56,26 @@ def init_distributed() -> Tuple[int, int, int, int, torch.device, str]:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        store = restart_scoped_store(world)
+        if store is None:
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
     return rank, world, local_rank, local_world, device, backend
+
+
+def restart_scoped_store(world: int) -> Optional[dist.Store]:
+    """torchrun's shared store, with a key prefix per restart; None outside torchrun's shared store.
+
+    torchrun (``--max-restarts``) hands every attempt the same TCPStore without a per-attempt key
+    prefix, so a restarted gloo group reads the dead attempt's addresses and fails to connect
+    (pytorch/pytorch#135712). One machine has one agent, so its restart count names the attempt.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+    return dist.PrefixStore(f"/worker/attempt_{attempt}", store)
 
 
 def require_cuda_fbgemm(device: torch.device, what: str) -> None:

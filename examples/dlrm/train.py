@@ -21,6 +21,13 @@ Metrics. ``loss`` is the mean training loss over the last ``--auc-window`` steps
 the steps after ``--warmup``, all ranks together, from a barrier before the first timed step to a
 barrier after the last. ``gate_stall_fraction`` is the share of that wall time the ranks spent
 waiting at Frugal's gate (0 for stock TorchRec, which has no gate).
+
+Checkpoints (``--checkpoint-dir``, ``--checkpoint-every``, ``--checkpoint-keep``; see
+``examples/checkpointing.py``): model, fused and dense optimizer state through
+torch.distributed.checkpoint, plus each rank's metric windows. A run started on a directory
+holding a complete checkpoint resumes from the newest one (``torchrun --max-restarts=N`` restarts
+a job that lost a rank this way) and ends with the tables, loss and AUC of an uninterrupted run;
+its throughput figures cover the steps it ran and leave out the time spent saving.
 """
 from __future__ import annotations
 
@@ -56,6 +63,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from examples import checkpointing
 from examples.common import (
     FrugalStats,
     check_steps,
@@ -76,6 +84,8 @@ from examples.dlrm.data import (
 )
 
 SHARDERS = ("torchrec", "frugal")
+# What a checkpoint keeps of the metrics, per rank: the loss, logit and label windows and the first window.
+METRIC_BUFFERS = ("losses", "logits", "labels", "first_logits", "first_labels")
 STOCK_SHARDINGS = (ShardingType.TABLE_WISE.value, ShardingType.ROW_WISE.value, ShardingType.DATA_PARALLEL.value)
 
 
@@ -204,14 +214,19 @@ def make_pipeline(args: argparse.Namespace, cfg: RunConfig, model: nn.Module, op
 
 # ---------------------------------------------------------------------------- data
 def data_iterator(
-    args: argparse.Namespace, cfg: RunConfig, rows: Sequence[int], rank: int, world: int
+    args: argparse.Namespace, cfg: RunConfig, rows: Sequence[int], rank: int, world: int, start: int = 0
 ) -> Tuple[Iterator[Batch], Dict[str, torch.Tensor]]:
-    """(this rank's training batches, bounded by --steps; pre-sample id counts for the caches)."""
+    """(this rank's training batches ``start`` .. --steps - 1; pre-sample id counts for the caches).
+
+    A run resumed at ``start`` trains on the batches an uninterrupted run trains on from there
+    (synthetic batches are functions of (seed, rank, step); real data is read again and skipped),
+    and the pre-sample, hence the cached rows, does not depend on ``start``.
+    """
     names = cfg.dataset.table_names()
     if args.data == "synthetic":
         gen = SyntheticClickData(cfg.dataset, rows, cfg.batch_size, seed=cfg.seed, skew=cfg.skew)
         presample = gen.presample_counts([rank], args.presample_steps) if args.sharder == "frugal" else {}
-        return gen.batches(rank, 0, args.steps, workers=args.loader_workers), presample
+        return gen.batches(rank, start, args.steps - start, workers=args.loader_workers), presample
 
     def real() -> Iterator[Batch]:
         if args.data == "criteo-tsv":
@@ -221,7 +236,7 @@ def data_iterator(
         return criteo_npy_batches(args.data_path, cfg.dataset, rows, cfg.batch_size, rank, world, repeat=True)
 
     presample = count_ids(itertools.islice(real(), args.presample_steps), names, rows) if args.sharder == "frugal" else {}
-    return itertools.islice(real(), args.steps), presample
+    return itertools.islice(real(), start, args.steps), presample
 
 
 # ---------------------------------------------------------------------------- training
@@ -258,10 +273,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
     p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    checkpointing.add_arguments(p)
     args = p.parse_args(argv)
     if args.data != "synthetic" and not args.data_path:
         p.error(f"--data {args.data} needs --data-path")
     check_steps(p, args)
+    checkpointing.check_arguments(p, args)
     return args
 
 
@@ -315,7 +332,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             flush=True,
         )
 
-    batches, presample = data_iterator(args, cfg, rows, rank, world)
+    ckpt = checkpointing.Checkpointer(args.checkpoint_dir, args.checkpoint_every, args.checkpoint_keep)
+    resume = ckpt.resume_point(args.steps)
+    start = resume[0] if resume else 0
+    batches, presample = data_iterator(args, cfg, rows, rank, world, start)
     model = build_model(cfg, rows, device)
     t_setup = time.perf_counter()
     if args.sharder == "frugal":
@@ -331,31 +351,39 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: dense_cls(ps, lr=cfg.dense_lr)
     )
     opt = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    window = max(1, min(args.auc_window, args.steps))
+    # The metric windows: a resumed run restores them, so its summary equals an uninterrupted run's.
+    metric_bufs: Dict[str, List[torch.Tensor]] = {k: [] for k in METRIC_BUFFERS}
+    if resume:
+        local = ckpt.load(resume[1], dmp, opt)
+        metric_bufs = {k: [t.to(device) for t in local["metrics"][k]] for k in METRIC_BUFFERS}
+        if rank == 0:
+            print(f"[checkpoint] resumed from {resume[1]} (step {start} of {args.steps})", flush=True)
+    losses, logit_buf, label_buf, first_logits, first_labels = (metric_bufs[k] for k in METRIC_BUFFERS)  # updated in place
     pipeline = make_pipeline(args, cfg, dmp, opt, device)
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
-
-    window = max(1, min(args.auc_window, args.steps))
-    losses: List[torch.Tensor] = []
-    logit_buf: List[torch.Tensor] = []
-    label_buf: List[torch.Tensor] = []
-    first_logits: List[torch.Tensor] = []
-    first_labels: List[torch.Tensor] = []
     bar = progress_bar(rank, args)
+    if bar is not None:
+        bar.update(start)
+    kill_at = checkpointing.kill_step(rank)
 
     dist.barrier()
     t_start = t_last = time.perf_counter()
     t_timed: Optional[float] = None
-    steps_done = 0
+    timed_from = max(args.warmup, start)  # a resumed run times the steps it runs after the warmup
+    steps_done = start
     gate_before = exchange_before = 0.0
     phase_before: Dict[str, float] = {}
     intervals: List[Dict[str, float]] = []
     engine_before = 0.0
     dmp.train()
+    ckpt_s_before_timing = 0.0
     while steps_done < args.steps:
-        if steps_done == args.warmup:
+        if steps_done == timed_from:
             dist.barrier()
             t_timed = time.perf_counter()
+            ckpt_s_before_timing = ckpt.seconds
             stats.record()
             gate_before = stats.gate_wait_s
             exchange_before = stats.exchange_wait_s
@@ -365,6 +393,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         except StopIteration:
             break
         steps_done += 1
+        if resume and rank == 0 and steps_done == start + 1:
+            print(f"[checkpoint] first step after resuming (step {steps_done}) done at unix time {time.time():.3f}", flush=True)
         stats.record()
         # kept on the device: no per-step host sync on CUDA
         losses.append(loss.detach().float())
@@ -381,11 +411,12 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             bar.update(1)
         if rank == 0 and args.log_every and steps_done % args.log_every == 0:
             now = time.perf_counter()
-            sps = args.log_every * cfg.batch_size * world / (now - t_last)
+            ran = min(args.log_every, steps_done - start)  # fewer in the first interval after resuming
+            sps = ran * cfg.batch_size * world / (now - t_last)
             t_last = now
             engine_s = sum(stats.phase_s.values())
             intervals.append({"step": steps_done, "samples_per_second": sps, "pending_rows": stats.pending_rows,
-                              "engine_ms_per_step": (engine_s - engine_before) * 1e3 / args.log_every})
+                              "engine_ms_per_step": (engine_s - engine_before) * 1e3 / ran})
             engine_before = engine_s
             k = min(len(losses), args.log_every)
             msg = (
@@ -399,6 +430,12 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                     f" | pending {stats.pending_rows:,}"
                 )
             (bar.write if bar is not None else print)(msg)
+        checkpointing.kill_if_due(rank, steps_done, kill_at)
+        if ckpt.due(steps_done, args.steps):
+            metrics = {k: [t.cpu() for t in metric_bufs[k]] for k in METRIC_BUFFERS}
+            path = ckpt.save(steps_done, dmp, opt, {"metrics": metrics})
+            if rank == 0:
+                (bar.write if bar is not None else print)(f"[checkpoint] saved {path}")
     dist.barrier()
     t_end = time.perf_counter()
     if bar is not None:
@@ -407,8 +444,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         raise RuntimeError(f"the data ran out after {steps_done} of {args.steps} steps")
 
     # ----- summary (collective)
-    timed_steps = steps_done - args.warmup
-    elapsed = torch.tensor([t_end - (t_timed if t_timed is not None else t_start)], dtype=torch.float64)
+    timed_steps = steps_done - timed_from
+    ckpt_timed_s = ckpt.seconds - (ckpt_s_before_timing if t_timed is not None else 0.0)
+    elapsed = torch.tensor([t_end - (t_timed if t_timed is not None else t_start) - ckpt_timed_s], dtype=torch.float64)
     gate = torch.tensor([stats.gate_wait_s - (gate_before if t_timed is not None else 0.0)], dtype=torch.float64)
     el_all = gather_cat(elapsed, device)
     gate_all = gather_cat(gate, device)
@@ -448,6 +486,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "gate_stall_fraction": float((gate_all / el_all).mean()) if stats.engines else 0.0,
         "setup_s": setup_s,
         "peak_rss_mib_per_rank": [float(x) for x in gather_cat(torch.tensor([_peak_rss_mib()], dtype=torch.float64), device)],
+        "resumed_from_step": start if resume else None,
+        "checkpoint_steps": ckpt.written,
+        "checkpoint_s": ckpt.seconds,
         "frugal": None,
     }
     if stats.engines:

@@ -22,6 +22,10 @@ triple ranked against every entity for both its head and its tail (``evaluate.py
 
 Devices as in ``examples/dlrm/train.py``: on CUDA, NCCL with one GPU per rank, gloo where ranks
 share a GPU; ``--sharder frugal`` needs no FBGEMM CUDA kernel, ``--sharder torchrec`` does.
+
+Checkpoints as in ``examples/dlrm/train.py`` (``--checkpoint-dir``, ``--checkpoint-every``,
+``--checkpoint-keep``; ``examples/checkpointing.py``): a run resumed from the newest complete
+checkpoint ends with the tables and loss of an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from examples import checkpointing
 from examples.common import (
     FrugalStats,
     check_steps,
@@ -242,8 +247,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
     p.add_argument("--save-entities", default=None, help="write the trained entity table here (rank 0, torch.save)")
     p.add_argument("--no-progress", action="store_true")
+    checkpointing.add_arguments(p)
     args = p.parse_args(argv)
     check_steps(p, args)
+    checkpointing.check_arguments(p, args)
     if args.dataset == "tsv" and not args.data_path:
         p.error("--dataset tsv needs --data-path")
     return args
@@ -302,6 +309,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             flush=True,
         )
 
+    ckpt = checkpointing.Checkpointer(args.checkpoint_dir, args.checkpoint_every, args.checkpoint_keep)
+    resume = ckpt.resume_point(args.steps)
+    start = resume[0] if resume else 0
     t_setup = time.perf_counter()
     model = KGEModel(entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device)
     dmp, plan_info = shard(args, model, sampler, rank, device)
@@ -311,6 +321,12 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr)
     )
     opt = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    losses: List[torch.Tensor] = []
+    if resume:
+        local = ckpt.load(resume[1], dmp, opt)
+        losses = [t.to(device) for t in local["losses"]]  # the summary's loss window spans the resume
+        if rank == 0:
+            print(f"[checkpoint] resumed from {resume[1]} (step {start} of {args.steps})", flush=True)
     if args.sharder == "frugal":
         from torchrec_frugal.torchrec import FrugalTrainPipeline
 
@@ -320,43 +336,57 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
 
-    batches = sampler.batches(rank, args.steps)
+    # Batches are functions of (seed, step): a resumed run trains on what an uninterrupted one does.
+    batches = sampler.batches(rank, args.steps - start, start=start)
     bar = progress_bar(rank, args)
-    losses: List[torch.Tensor] = []
+    if bar is not None:
+        bar.update(start)
+    kill_at = checkpointing.kill_step(rank)
     dist.barrier()
     t_start = t_last = time.perf_counter()
     t_timed: Optional[float] = None
-    gate_before = 0.0
+    timed_from = max(args.warmup, start)  # a resumed run times the steps it runs after the warmup
+    gate_before = ckpt_s_before_timing = 0.0
     dmp.train()
-    for step in range(args.steps):
-        if step == args.warmup:
+    for step in range(start, args.steps):
+        if step == timed_from:
             dist.barrier()
             t_timed = time.perf_counter()
             stats.record()
             gate_before = stats.gate_wait_s
+            ckpt_s_before_timing = ckpt.seconds
         loss, _positive = pipeline.progress(batches)
+        if resume and rank == 0 and step == start:
+            print(f"[checkpoint] first step after resuming (step {step + 1}) done at unix time {time.time():.3f}", flush=True)
         stats.record()
         losses.append(loss.detach().float())
         if bar is not None:
             bar.update(1)
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
             now = time.perf_counter()
+            ran = min(args.log_every, step + 1 - start)  # fewer in the first interval after resuming
             msg = (
-                f"step {step + 1:>6} | {args.log_every * args.batch_size / (now - t_last):>9,.0f} triples/s "
+                f"step {step + 1:>6} | {ran * args.batch_size / (now - t_last):>9,.0f} triples/s "
                 f"| loss {torch.stack(losses[-args.log_every:]).mean():.4f}"
             )
             if stats.engines:
                 msg += f" | gate stall {100 * stats.gate_wait_s / max(now - t_start, 1e-9):.1f}% | cache hits {100 * stats.cache_hit_ratio:.1f}%"
             (bar.write if bar is not None else print)(msg)
             t_last = now
+        checkpointing.kill_if_due(rank, step + 1, kill_at)
+        if ckpt.due(step + 1, args.steps):
+            path = ckpt.save(step + 1, dmp, opt, {"losses": [t.cpu() for t in losses]})
+            if rank == 0:
+                (bar.write if bar is not None else print)(f"[checkpoint] saved {path}")
     dist.barrier()
     t_end = time.perf_counter()
     if bar is not None:
         bar.close()
 
-    timed_steps = args.steps - args.warmup
-    assert t_timed is not None
-    elapsed_all = gather_cat(torch.tensor([t_end - t_timed], dtype=torch.float64), device)
+    timed_steps = args.steps - timed_from
+    ckpt_timed_s = ckpt.seconds - (ckpt_s_before_timing if t_timed is not None else 0.0)
+    elapsed = t_end - (t_timed if t_timed is not None else t_start) - ckpt_timed_s
+    elapsed_all = gather_cat(torch.tensor([elapsed], dtype=torch.float64), device)
     gate_all = gather_cat(torch.tensor([stats.gate_wait_s - gate_before], dtype=torch.float64), device)
     tail = losses[-min(len(losses), 100):]
     loss_all = gather_cat(torch.stack(tail).mean().reshape(1), device)
@@ -394,7 +424,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "steps": args.steps,
         "warmup_steps": args.warmup,
         "timed_s": elapsed_s,
-        "samples_per_second": args.batch_size * timed_steps / elapsed_s,
+        "samples_per_second": args.batch_size * timed_steps / elapsed_s if timed_steps else float("nan"),
         "loss": float(loss_all.mean()),
         **metrics,
         "eval_split": args.eval_split,
@@ -405,6 +435,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "lookahead": args.lookahead if args.sharder == "frugal" else None,
         "kge_config": asdict(cfg),
         "seed": args.seed,
+        "resumed_from_step": start if resume else None,
+        "checkpoint_steps": ckpt.written,
+        "checkpoint_s": ckpt.seconds,
     }
     if rank == 0:
         keys = ("sharder", "dataset", "model", "steps", "samples_per_second", "loss", "mrr", "hits_at_10", "gate_stall_fraction")

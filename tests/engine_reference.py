@@ -39,6 +39,7 @@ class Scenario:
     sorted_reads: Optional[bool] = None  # None: the device's default (True on CUDA only)
     worker: Optional[bool] = None  # the lookahead worker thread (None: the device's default, off on CPU)
     worker_lag_s: float = 0.0  # each publish of the lookahead worker waits up to this long (a lagging worker)
+    mailbox_rows: int = 16384  # small: the mailbox records grow during the run
 
 
 
@@ -60,7 +61,7 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     cfg = FrugalConfig(lookahead=sc.lookahead, cache_ratio=sc.cache_ratio, queue=sc.queue,
                        flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60,
                        max_deferred_rows=sc.max_deferred_rows, update_uncached_in_host=sc.in_host,
-                       host_path=sc.host_path, lookahead_worker=sc.worker)
+                       host_path=sc.host_path, lookahead_worker=sc.worker, mailbox_rows=sc.mailbox_rows)
     eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
                        device=torch.device(sc.device))
     if sc.worker_lag_s:
@@ -135,6 +136,8 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
         "host_path": eng.host.path,
         "registered": float(eng.host.registered),
         "device": str(eng.device),
+        "ring_rows": float(eng.ring_record.rows),
+        "grad_rows": float(eng.grad_record.rows),
     }
     eng.close()
     return result

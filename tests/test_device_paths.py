@@ -349,3 +349,17 @@ def test_loaded_runtime_is_the_one_in_this_process() -> None:
         assert lib is not None and hasattr(lib, "cudaGetLastError")
     else:
         assert device_mod._loaded_cudart() is None
+
+
+def test_failed_registration_names_the_locked_memory_limit(fake_cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a small ``ulimit -l`` without CAP_IPC_LOCK, the error (and so the fallback's warning) says so."""
+    import resource
+
+    fake_cuda(FakeCudart(register_error=1))
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (8192, 8192))
+    monkeypatch.setattr(device_mod, "_can_lock_any", lambda: False)
+    with pytest.raises(FrugalError, match=r"CUDA error 1 .*page-locking the 12288 bytes .* is 8192 bytes .*ulimit -l unlimited"):
+        HostRegistration(5 * PAGE_BYTES, 3 * PAGE_BYTES, CUDA, owner=None)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    with pytest.raises(FrugalError, match=r"CUDA error 1 \(invalid argument\)$"):
+        HostRegistration(5 * PAGE_BYTES, 3 * PAGE_BYTES, CUDA, owner=None)

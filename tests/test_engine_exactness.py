@@ -33,6 +33,9 @@ def _matrix_2() -> list:
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0, in_host=False),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=2, max_deferred_rows=100, in_host=False),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True),
+        # Mailboxes that start at 2 rows and grow while peers read them (inline, and from the worker thread).
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=600, mailbox_rows=2),
+        Scenario(lookahead=3, cache_ratio=0.0, optimizer="sgd", steps=600, in_host=False, worker=True, mailbox_rows=2),
     ]
 
 
@@ -44,6 +47,7 @@ def _matrix_4() -> list:
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, max_deferred_rows=0, in_host=False),
         Scenario(lookahead=1, cache_ratio=0.0, optimizer="sgd", steps=STEPS, in_host=False, worker=True),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, in_host=False, worker=True),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=600, worker=True, mailbox_rows=2),
     ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
 
 
@@ -62,6 +66,11 @@ def _check(world: int, scenarios: list, results: list) -> None:
             assert m["dynamic_after_flush"] == 0.0, (label, r, m)
             if sc.cache_ratio > 0 or sc.in_host is False:
                 assert m["flushed_rows"] > 0, (label, r, m)  # the flush path really ran
+        step_ids = sc.ids_per_step * len(sc.table_rows)
+        if sc.mailbox_rows < step_ids:  # the records really grew, and no further than a step needs
+            for r, m in enumerate(per_rank):
+                assert sc.mailbox_rows < m["grad_rows"] <= 2 * step_ids, (label, r, m)
+                assert sc.mailbox_rows < m["ring_rows"] <= 2 * step_ids, (label, r, m)
         expected_cached = {0.0: 0, 0.05: 60 + 150, 1.0: (3000 + 1200) // world}[sc.cache_ratio]
         assert per_rank[0]["cached_rows"] == expected_cached, label
 

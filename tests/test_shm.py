@@ -22,7 +22,7 @@ def _name(kind: str = "test", run_id: str | None = None) -> str:
 
 
 def _exists(name: str) -> bool:
-    return os.path.exists(os.path.join(shm.SHM_DIR, name))
+    return os.path.exists(os.path.join(shm.resolve_dir(), name))
 
 
 def _layout() -> Layout:
@@ -58,7 +58,7 @@ def test_create_attach_share_and_unlink():
     seg = SharedSegment.create(name, lay)
     try:
         assert _exists(name) and name in shm.list_segments()
-        assert os.path.getsize(os.path.join(shm.SHM_DIR, name)) == lay.nbytes
+        assert os.path.getsize(os.path.join(shm.resolve_dir(), name)) == lay.nbytes
         assert seg["a"].shape == (3, 5) and seg["a"].dtype == torch.float32
         assert seg["empty"].shape == (0, 4)
         assert seg["a"].abs().sum().item() == 0  # a new segment is zeroed
@@ -73,7 +73,7 @@ def test_create_attach_share_and_unlink():
         assert seg["a"].sum().item() == sum(range(15)) and seg["b"].sum().item() == -21
     finally:
         seg.unlink()
-    assert not _exists(name) and name not in shm._owned
+    assert not _exists(name) and os.path.join(shm.resolve_dir(), name) not in shm._owned
     # Mappings outlive the name.
     seg["b"][0] = 11
     assert other["b"][0].item() == 11
@@ -100,15 +100,15 @@ def test_create_existing_name_fails_without_claiming_it():
     """A failed create must not register the name: at exit we would unlink another process's segment."""
     lay = _layout()
     name = _name()
-    path = os.path.join(shm.SHM_DIR, name)
+    path = os.path.join(shm.resolve_dir(), name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # someone else's segment
     os.close(fd)
     try:
         with pytest.raises(FileExistsError):
             SharedSegment.create(name, lay)
-        assert name not in shm._owned
+        assert os.path.join(shm.resolve_dir(), name) not in shm._owned
     finally:
-        shm._owned.pop(name, None)
+        shm._owned.pop(path, None)
         os.unlink(path)
 
 
@@ -156,7 +156,7 @@ def _child(mode: str) -> subprocess.Popen:
 def test_sweep_removes_segment_of_dead_creator_and_keeps_live_ones():
     lay = Layout([Field("x", torch.float32, (16,))])
     mine = SharedSegment.create(_name("live"), lay)
-    odd = os.path.join(shm.SHM_DIR, shm.PREFIX + "notapid_x")  # not of the naming scheme: left alone
+    odd = os.path.join(shm.resolve_dir(), shm.PREFIX + "notapid_x")  # not of the naming scheme: left alone
     os.close(os.open(odd, os.O_RDWR | os.O_CREAT, 0o600))
     try:
         p = _child("crash")

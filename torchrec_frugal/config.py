@@ -41,6 +41,11 @@ class FrugalConfig:
         the device, and the training thread on a CPU device, whose cores the training already
         keeps busy (a thread there only adds switches).
     timeout_s: longest wait on another rank before the run is aborted with an error.
+    shm_dir: the shared-memory directory that holds the host tables and the mailboxes; None:
+        $TORCHREC_FRUGAL_SHM_DIR, else /dev/shm. Every local rank must use the same one.
+    mailbox_rows: rows a rank's mailbox holds at first per step (announced rows of each of the
+        L + 2 ring slots, gradient rows of a step). A step with more rows grows it (doubling):
+        the mailbox follows the batch, not the tables.
     """
 
     lookahead: int = 10
@@ -53,6 +58,8 @@ class FrugalConfig:
     host_path: str = "auto"
     lookahead_worker: Optional[bool] = None
     timeout_s: float = 60.0
+    shm_dir: Optional[str] = None
+    mailbox_rows: int = 16384
 
     def __post_init__(self) -> None:
         if self.lookahead < 0:
@@ -71,6 +78,8 @@ class FrugalConfig:
             raise ValueError(f"host_path must be one of {HOST_PATHS}, got {self.host_path!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.mailbox_rows < 1:
+            raise ValueError(f"mailbox_rows must be >= 1, got {self.mailbox_rows}")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import ctypes
 import functools
 import math
 import mmap
+import resource
 import time
 import warnings
 import weakref
@@ -270,6 +271,39 @@ def clear_cuda_error() -> bool:
     return True
 
 
+def _can_lock_any() -> bool:
+    """Whether this process may page-lock without limit (CAP_IPC_LOCK in its effective set)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 14 & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def memlock_hint(nbytes: int, limit: Optional[int] = None, privileged: Optional[bool] = None) -> str:
+    """Why page-locking ``nbytes`` may fail here and what to do, or "" where the limit allows it.
+
+    ``limit`` (bytes, RLIM_INFINITY for none) and ``privileged`` default to this process's.
+    Page-locking host memory counts against the locked-memory limit (``ulimit -l``,
+    RLIMIT_MEMLOCK) unless the process has CAP_IPC_LOCK; containers often start with 64 KiB or 8 MiB.
+    """
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    if privileged is None:
+        privileged = _can_lock_any()
+    if limit == resource.RLIM_INFINITY or privileged or nbytes <= limit:
+        return ""
+    return (
+        f"page-locking the {nbytes} bytes ({nbytes / 2**30:.2f} GiB) of shared host tables needs a locked-memory "
+        f"limit of at least that, but this process's limit (ulimit -l) is {limit} bytes and it lacks CAP_IPC_LOCK: "
+        "raise it (ulimit -l unlimited in the launching shell, LimitMEMLOCK=infinity for a systemd service, "
+        "docker run --ulimit memlock=-1), or use host_path='pinned', which page-locks only small staging buffers"
+    )
+
+
 def _unregister(ptr: int) -> None:
     torch.cuda.cudart().cudaHostUnregister(ptr)
 
@@ -295,10 +329,12 @@ class HostRegistration:
             err = cudart.cudaHostRegister(start, length, _REGISTER_FLAGS)
             if int(err) != 0:
                 cleared = clear_cuda_error()
+                hint = memlock_hint(length)
                 raise FrugalError(
                     f"cudaHostRegister of {length} bytes of shared host memory at {start:#x} failed with "
                     f"CUDA error {int(err)} ({cudart.cudaGetErrorString(err)})"
                     + ("" if cleared else "; CUDA's error state could not be cleared, later CUDA calls may report it")
+                    + (f"; {hint}" if hint else "")
                 )
         self._finalizer = weakref.finalize(self, _unregister, ptr)
         self._owner = owner

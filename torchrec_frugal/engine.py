@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 import torch
@@ -39,10 +39,12 @@ from .gate import (
     CLOSED,
     FAILED,
     FLUSHED,
+    GRAD_ROWS,
     INF_STEP,
     INGESTED,
     PID,
     PUBLISHED,
+    RING_ROWS,
     RUNNING,
     STAGED,
     STATUS,
@@ -52,14 +54,19 @@ from .gate import (
     control_field,
     flushed_through,
 )
+from .host_memory import HostMemoryError, check_fits
 from .lookahead import LookaheadWindow
 from .lookahead_ring import LookaheadRing, merge_unique
 from .lookahead_worker import LookaheadWorker
+from .mailbox import Record, grads_layout, keep_ring, ring_layout
 from .metrics import PHASES, StepMetrics
 from .optimizers import apply_update, state_width
 from .owner_cache import Ownership, OwnerStore, assign_ownership
 from .priority_queue import INF, make_queue
 
+T = TypeVar("T")
+# Errors of set-up that every rank raises alike when one rank hits them.
+_SETUP_ERRORS = {c.__name__: c for c in (FrugalError, FrugalInputError, HostMemoryError, shm.SharedMemoryFullError)}
 InitWeights = Union[Sequence[torch.Tensor], Callable[[int, torch.Tensor], None], None]
 
 
@@ -98,11 +105,10 @@ class FrugalEngine:
         self._pg = pg
         self.rank, self.world_size = self._rank_world()
         self._check_one_machine()
-        self.run_id = self._broadcast_run_id()
+        self.shm_dir = self._agree_on_shm_dir()
 
-        # Shared memory: host table + control block (rank 0), one mailbox per rank.
+        # Shared memory: host tables + control block (rank 0), one mailbox per rank.
         n, d, s = self.num_rows, self.dim, self.state_width
-        ring_rows = n if self.lookahead > 0 else 0
         self._host_layout = shm.Layout(
             [
                 shm.Field("weights", torch.float32, (n, d)),
@@ -110,30 +116,21 @@ class FrugalEngine:
                 control_field(self.world_size),
             ]
         )
-        self._box_layout = shm.Layout(
-            [
-                shm.Field("la_step", torch.int64, (self._ring,)),
-                shm.Field("la_counts", torch.int64, (self._ring, self.world_size)),
-                shm.Field("la_rows", torch.int64, (self._ring, ring_rows)),
-                shm.Field("g_counts", torch.int64, (self.world_size,)),
-                shm.Field("g_rows", torch.int64, (n,)),
-                shm.Field("g_grads", torch.float32, (n, d)),
-            ]
+        # Mailbox records start at mailbox_rows rows (announced rows only with a lookahead).
+        first, ring_max = self.config.mailbox_rows, n if self.lookahead > 0 else 0
+        self.run_id = self._start_run(
+            ring_layout(self._ring, self.world_size, min(first, ring_max)).nbytes
+            + grads_layout(self.world_size, min(first, n), d).nbytes
         )
-        created: List[shm.SharedSegment] = []
-        if self.rank == 0:
-            self._host = shm.SharedSegment.create(self._seg("host"), self._host_layout)
-            created.append(self._host)
-            self._init_host(init_weights, seed)
-        my_box = shm.SharedSegment.create(self._seg(f"box{self.rank}"), self._box_layout)
-        created.append(my_box)
-        self._barrier()
-        if self.rank != 0:
-            self._host = shm.SharedSegment.attach(self._seg("host"), self._host_layout)
-        self._boxes = [
-            my_box if r == self.rank else shm.SharedSegment.attach(self._seg(f"box{r}"), self._box_layout)
-            for r in range(self.world_size)
-        ]
+        self.ring_record = Record(
+            "ring", lambda k: ring_layout(self._ring, self.world_size, k), keep_ring, RING_ROWS,
+            self._seg(""), self.shm_dir, first, ring_max, self.rank, self.world_size,
+        )
+        self.grad_record = Record(
+            "grads", lambda k: grads_layout(self.world_size, k, d), None, GRAD_ROWS,
+            self._seg(""), self.shm_dir, first, n, self.rank, self.world_size,
+        )
+        self._create_shared_memory(init_weights, seed)
         self._host_w = self._host["weights"]
         self._host_s = self._host["state"]
         # Host rows as the device reads and writes them (mapped or staged), and the flush stream.
@@ -147,27 +144,13 @@ class FrugalEngine:
         self.streams = Streams(self.device)
         self._read_mark = REACHED  # reached once this step's host reads are done
         self._updated_mark = REACHED  # reached once the store holds every update applied so far
-        self.control = Control(self._host["control"], self.rank, self.config.timeout_s)
-        c = self.control
-        c.set(STAGED, -1)
-        c.set(UPDATED, -1)
-        c.set(FLUSHED, int(INF_STEP))
-        c.set(PUBLISHED, -1)
-        c.set(INGESTED, -1)
-        c.set(SYNC, 0)
-        c.set(STATUS, RUNNING)
-        c.set(PID, os.getpid())
-        self._barrier()
-        for seg in created:  # every local rank has mapped it: the name can go
-            seg.unlink()
 
         # Ownership and the owner store (static cache of hot rows).
         self.ownership = self._ownership(presample_counts)
         self._owner_np = self.ownership.owner
         self._mine_cached = self.ownership.cached & (self._owner_np == self.rank)
         self.ring = LookaheadRing(
-            [{k: b[k] for k in ("la_step", "la_counts", "la_rows")} for b in self._boxes],
-            self.rank,
+            self.ring_record,
             self._ring,
             self.control,
             self._owner_np,
@@ -257,11 +240,83 @@ class FrugalEngine:
                 f"different hosts: {dict(enumerate(hosts))}"
             )
 
-    def _broadcast_run_id(self) -> str:
-        if self.rank == 0:
-            shm.sweep_stale_segments()
-        ids = self._gather_objects(shm.new_run_id() if self.rank == 0 else None)
-        return str(ids[0])
+    def _agree_on_shm_dir(self) -> str:
+        """The shared-memory directory, the same on every local rank (or an error naming both)."""
+        dirs = self._all_or_none(lambda: shm.resolve_dir(self.config.shm_dir), [], "resolving the shared-memory directory")
+        if len(set(dirs)) > 1:
+            r = next(i for i, x in enumerate(dirs) if x != dirs[0])
+            raise FrugalError(
+                f"local ranks disagree on the shared-memory directory: rank 0 uses {dirs[0]!r}, rank {r} uses "
+                f"{dirs[r]!r}; set the same FrugalConfig.shm_dir (or ${shm.ENV_DIR}) on every rank"
+            )
+        return str(dirs[0])
+
+    def _start_run(self, mailbox_bytes: int) -> str:
+        """Rank 0 sweeps stale segments, checks that the run fits the machine and names the run."""
+        def name() -> Optional[str]:
+            if self.rank != 0:
+                return None
+            shm.sweep_stale_segments(self.shm_dir)
+            check_fits(self.tables, self.state_width, self._host_layout.nbytes, mailbox_bytes, self.world_size, self.shm_dir)
+            return shm.new_run_id()
+
+        return str(self._all_or_none(name, [], "checking the room for the host tables")[0])
+
+    def _create_shared_memory(self, init_weights: InitWeights, seed: int) -> None:
+        """Create and map every segment, then drop the names; a failure on any rank fails all, leaving nothing."""
+        created: List[shm.SharedSegment] = []
+
+        def host() -> None:
+            if self.rank == 0:
+                self._host = shm.SharedSegment.create(self._seg("host"), self._host_layout, self.shm_dir)
+                created.append(self._host)
+                self._init_host(init_weights, seed)
+
+        def mailboxes() -> None:
+            if self.rank != 0:
+                self._host = shm.SharedSegment.attach(self._seg("host"), self._host_layout, self.shm_dir)
+            self.control = c = Control(self._host["control"], self.rank, self.config.timeout_s)
+            c.set(STAGED, -1)
+            c.set(UPDATED, -1)
+            c.set(FLUSHED, int(INF_STEP))
+            c.set(PUBLISHED, -1)
+            c.set(INGESTED, -1)
+            c.set(SYNC, 0)
+            c.set(STATUS, RUNNING)
+            c.set(PID, os.getpid())
+            created.append(self.ring_record.create_own(c))
+            created.append(self.grad_record.create_own(c))
+
+        def attach() -> None:
+            self.ring_record.attach_peers()
+            self.grad_record.attach_peers()
+
+        self._all_or_none(host, created, "creating the host tables")
+        self._all_or_none(mailboxes, created, "creating the mailboxes")
+        self._all_or_none(attach, created, "mapping the mailboxes")
+        for seg in created:  # every local rank has mapped it: the name can go
+            seg.unlink()
+
+    def _all_or_none(self, fn: Callable[[], T], created: List[shm.SharedSegment], what: str) -> List[T]:
+        """Run a set-up step on every rank; returns each rank's result, or, if it failed anywhere,
+        unlinks what this rank created and raises (the rank's own error, else one naming the rank)."""
+        err: Optional[BaseException] = None
+        result: Optional[T] = None
+        try:
+            result = fn()
+        except Exception as e:  # every rank must learn of it, or the others wait at the next collective
+            err = e
+        outcomes = self._gather_objects(("ok", result) if err is None else (type(err).__name__, str(err)))
+        failed = [r for r, (kind, _) in enumerate(outcomes) if kind != "ok"]
+        if failed:
+            for seg in created:
+                seg.unlink()
+            if err is not None:
+                raise err
+            kind, message = outcomes[failed[0]]
+            cls = _SETUP_ERRORS.get(str(kind), FrugalError)
+            raise cls(f"rank {self.rank}: {what} failed on rank {failed[0]}: {kind}: {message}")
+        return [value for _, value in outcomes]
 
     def _seg(self, kind: str) -> str:
         return f"{shm.PREFIX}{self.run_id}_{kind}"
@@ -520,7 +575,7 @@ class FrugalEngine:
         own = self._owner_np[r_np]
         order = torch.from_numpy(np.argsort(own, kind="stable"))
         k = r_np.shape[0]
-        box = self._boxes[self.rank]
+        box = self.grad_record.own(k)
         torch.index_select(rows, 0, order, out=box["g_rows"][:k])
         torch.index_select(grads, 0, order, out=box["g_grads"][:k])
         box["g_counts"].copy_(torch.from_numpy(np.bincount(own, minlength=self.world_size)))
@@ -537,7 +592,8 @@ class FrugalEngine:
         # Sum the gradients of the rows this rank owns over all ranks (rank order: deterministic).
         t2 = time.perf_counter()
         parts_r, parts_g = [], []
-        for b in self._boxes:
+        for r in range(self.world_size):
+            b = self.grad_record.segment(r)
             counts = b["g_counts"].numpy()
             lo = int(counts[: self.rank].sum())
             hi = lo + int(counts[self.rank])
@@ -760,24 +816,38 @@ class FrugalEngine:
         rows = self._check_rows(rows, "read_rows")
         return self._host_w[rows], self._host_s[rows]
 
-    def write_rows(self, rows: torch.Tensor, weights: torch.Tensor, state: Optional[torch.Tensor] = None) -> None:
-        """Collective load: every rank passes the same rows/values; owners write host, caches refresh."""
+    def host_block(self, lo: int, hi: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Views (no copy) of host rows [lo, hi): weights and optimizer state; call after flush().
+
+        Live memory, like a parameter: the next step's updates show in it.
+        """
+        if not 0 <= lo <= hi <= self.num_rows:
+            raise FrugalInputError(f"host_block: rows [{lo}, {hi}) outside the fused tables [0, {self.num_rows})")
+        return self._host_w[lo:hi], self._host_s[lo:hi]
+
+    def write_rows(self, rows: torch.Tensor, weights: Optional[torch.Tensor] = None, state: Optional[torch.Tensor] = None) -> None:
+        """Collective load: each rank writes its own ``rows`` (no row from two ranks) to host, then
+        every rank refreshes the rows its store holds. ``weights``/``state`` None keep the current values.
+
+        Host memory is shared: once flushed, any rank may write any row in place, so a load never
+        moves a row between ranks (a rank loads its block of a checkpoint, nothing more).
+        """
         rows = self._check_rows(rows, "write_rows")
-        if weights.shape != (rows.shape[0], self.dim):
-            raise FrugalInputError(f"write_rows: weights of shape {tuple(weights.shape)} for {rows.shape[0]} rows")
+        if weights is not None and weights.shape != (rows.shape[0], self.dim):
+            raise FrugalInputError(f"write_rows: weights of shape {tuple(weights.shape)} for {rows.shape[0]} rows of dim {self.dim}")
         if state is not None and state.shape != (rows.shape[0], self.state_width):
-            raise FrugalInputError(f"write_rows: state of shape {tuple(state.shape)}, expected width {self.state_width}")
-        self.flush()
-        mine = torch.from_numpy(self._owner_np[rows.numpy()] == self.rank)
-        self._host_w[rows[mine]] = weights[mine].to("cpu", torch.float32)
+            raise FrugalInputError(f"write_rows: state of shape {tuple(state.shape)}, expected {(rows.shape[0], self.state_width)}")
+        self.flush()  # nothing pending, no flusher writing: host is free to write
+        if weights is not None:
+            self._host_w.index_copy_(0, rows, weights.to("cpu", torch.float32))
         if state is not None and self.state_width:
-            self._host_s[rows[mine]] = state[mine].to("cpu", torch.float32)
+            self._host_s.index_copy_(0, rows, state.to("cpu", torch.float32))
         self._guard(lambda: self._sync("write_rows"))
-        slots = self.store.slot_of[rows.numpy()]
-        cached = torch.from_numpy(slots >= 0)
-        sl = torch.from_numpy(slots[slots >= 0]).to(self.device)
-        self.store.weights[sl] = self._host_w[rows[cached]].to(self.device)
-        self.store.state[sl] = self._host_s[rows[cached]].to(self.device)
+        held = np.flatnonzero(self.store.slot_of >= 0)
+        idx = torch.from_numpy(held)
+        sl = torch.from_numpy(self.store.slot_of[held]).to(self.device)
+        self.store.weights.index_copy_(0, sl, self._host_w.index_select(0, idx).to(self.device))
+        self.store.state.index_copy_(0, sl, self._host_s.index_select(0, idx).to(self.device))
         self._guard(lambda: self._sync("write_rows refresh"))
 
     # ------------------------------------------------------------------ failure and shutdown
@@ -797,7 +867,7 @@ class FrugalEngine:
     def _abort(self, cause_rank: int) -> None:
         self.control.fail(cause_rank)
         self._stop_flushers()
-        shm.remove_run_segments(self.run_id)
+        shm.remove_run_segments(self.run_id, self.shm_dir)
 
     def _stop_flushers(self) -> None:
         with self._lock:
@@ -815,6 +885,8 @@ class FrugalEngine:
             return
         self._stop_flushers()
         self.host.close()
+        self.ring_record.unlink_own()  # a record grown during the run still has its name
+        self.grad_record.unlink_own()
         if self.control.get(STATUS)[self.rank] != FAILED:
             self.control.set(STATUS, CLOSED)
         self._closed = True

@@ -20,8 +20,9 @@ from .shm import Field, pid_alive
 
 INF_STEP = np.int64(2**62)  # "flushed through forever": the rank has no pending host write
 
-PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC, CAUSE = range(9)
-NUM_FIELDS = 9  # CAUSE: 1 + the rank whose loss made this rank fail (its own rank otherwise)
+PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC, CAUSE, RING_ROWS, GRAD_ROWS = range(11)
+NUM_FIELDS = 11  # CAUSE: 1 + the rank whose loss made this rank fail (its own rank otherwise)
+# RING_ROWS, GRAD_ROWS: the size of each rank's mailbox records (see mailbox.py)
 RUNNING, CLOSED, FAILED = 0, 1, 2
 
 

@@ -2,7 +2,8 @@
 
 A rank publishes step t by writing the rows it will read from host at t (its batch's rows
 minus the ones it caches itself), unique and grouped by owner, into slot ``t % ring`` of its
-own mailbox, then raising its PUBLISHED counter. An owner collects step t from every rank's
+mailbox's ring record (grown first if the step needs more rows), then raising its PUBLISHED
+counter. An owner collects step t from every rank's
 slot: its own group of each, merged into one sorted set of rows. A slot is reused only once
 every owner has ingested the step it held (the INGESTED counters), so ``ring`` = L + 2 slots
 let a rank run L steps ahead of the slowest owner's ingestion.
@@ -16,6 +17,7 @@ import torch
 
 from .errors import FrugalError
 from .gate import INGESTED, PUBLISHED, Control
+from .mailbox import Record
 
 
 def unique_sorted(rows: np.ndarray) -> np.ndarray:
@@ -48,16 +50,15 @@ class LookaheadRing:
 
     def __init__(
         self,
-        boxes: Sequence[dict],
-        rank: int,
+        record: Record,
         ring: int,
         control: Control,
         owner: np.ndarray,
         mine_cached: np.ndarray,
     ) -> None:
-        self.boxes = boxes
-        self.rank = rank
-        self.world_size = len(boxes)
+        self.record = record
+        self.rank = control.rank
+        self.world_size = control.world_size
         self.ring = ring
         self.control = control
         self.owner = owner
@@ -76,7 +77,7 @@ class LookaheadRing:
             f"owners to ingest lookahead step {t - self.ring}",
             idle,
         )
-        box = self.boxes[self.rank]
+        box = self.record.own(u.shape[0])
         box["la_rows"][slot, : u.shape[0]] = torch.from_numpy(u[order])
         box["la_counts"][slot] = torch.from_numpy(np.bincount(own, minlength=self.world_size))
         box["la_step"][slot] = t
@@ -90,7 +91,8 @@ class LookaheadRing:
         """The sorted, unique rows of this owner that some rank reads from host at step t."""
         slot = t % self.ring
         parts: List[np.ndarray] = []
-        for r, box in enumerate(self.boxes):
+        for r in range(self.world_size):
+            box = self.record.segment(r)
             if int(box["la_step"][slot]) != t:
                 raise FrugalError(f"rank {r}'s lookahead slot holds step {int(box['la_step'][slot])}, not {t}")
             counts = box["la_counts"][slot].numpy()

@@ -1,34 +1,94 @@
-"""Named POSIX shared-memory segments that never outlive a run.
+"""Named POSIX shared-memory segments that never outlive a run, and never fault for lack of room.
 
-Every segment lives in /dev/shm under a name ``frugal_<pid>x<uuid>_<kind>`` where ``pid`` is the
-creating process. A run unlinks each segment as soon as all local ranks have mapped it (the
-mappings stay valid), so a crash afterwards leaves nothing behind. Segments created by a process
-that has died are swept by :func:`sweep_stale_segments`, and the creating process unlinks what it
-still owns at exit or on SIGTERM.
+Segments live in one directory of a shared-memory filesystem (``/dev/shm`` unless configured, see
+:func:`resolve_dir`) under a name ``frugal_<pid>x<uuid>_<kind>``, ``pid`` being the process that
+chose the run id. A run unlinks each segment as soon as all local ranks have mapped it (the
+mappings stay valid), so a crash afterwards leaves nothing behind. While a name exists, its
+creator holds a shared ``flock`` on it: the lock dies with the process however it ends (SIGKILL
+included), so :func:`sweep_stale_segments` removes exactly the segments whose creator is gone,
+even one in another pid namespace sharing the directory, and never a live one. The creating
+process also unlinks what it still owns at exit or on SIGTERM.
+
+A segment's pages are reserved when it is created (``posix_fallocate``): a filesystem without
+room for it fails then, with an error naming the bytes and the fix, instead of a SIGBUS on the
+first touch of a page that cannot be allocated.
 """
 from __future__ import annotations
 
 import atexit
+import errno
+import fcntl
+import math
 import mmap
 import os
 import signal
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-SHM_DIR = "/dev/shm"
+from .errors import FrugalError
+
+DEFAULT_DIR = "/dev/shm"
+ENV_DIR = "TORCHREC_FRUGAL_SHM_DIR"
 PREFIX = "frugal_"
+_CREATING = ".creating-"  # a name being set up: invisible to the sweep until locked and renamed
 _ALIGN = 64
 
-_owned: Dict[str, None] = {}
+_owned: Dict[str, int] = {}  # path of a name this process created -> the fd holding its lock
 _owned_lock = threading.Lock()
 
 
+class SharedMemoryFullError(FrugalError):
+    """The shared-memory filesystem has no room for the segments a run needs."""
+
+
+def resolve_dir(configured: Optional[str] = None) -> str:
+    """The shared-memory directory: ``configured``, else $TORCHREC_FRUGAL_SHM_DIR, else /dev/shm."""
+    if configured:
+        path, source = configured, "FrugalConfig.shm_dir"
+    elif os.environ.get(ENV_DIR):
+        path, source = os.environ[ENV_DIR], f"${ENV_DIR}"
+    else:
+        path, source = DEFAULT_DIR, "the default"
+    if not os.path.isdir(path):
+        raise FrugalError(f"shared-memory directory {path!r} ({source}) does not exist or is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise FrugalError(f"shared-memory directory {path!r} ({source}) is not writable by this process")
+    return os.path.realpath(path)
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes the filesystem of ``directory`` can still give an unprivileged process."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def _gib(n: int) -> str:
+    return f"{n} bytes ({n / 2**30:.2f} GiB)"
+
+
+def room_error(directory: str, needed: int, free: int, what: str) -> str:
+    """The message for a shared-memory filesystem too small for ``needed`` bytes."""
+    return (
+        f"{what} need {_gib(needed)} of shared memory in {directory}, which has {_gib(free)} free. "
+        f"Give it more room (a container's --shm-size, e.g. docker run --shm-size={max(1, math.ceil(needed * 1.1 / 2**30))}g, "
+        f"or a larger tmpfs: mount -o remount,size=... {directory}), or point the run at another "
+        f"shared-memory directory with room (FrugalConfig(shm_dir=...) or ${ENV_DIR})"
+    )
+
+
+def check_room(directory: str, needed: int, what: str) -> None:
+    """Raise :class:`SharedMemoryFullError` unless ``directory`` has ``needed`` bytes free."""
+    free = free_bytes(directory)
+    if needed > free:
+        raise SharedMemoryFullError(room_error(directory, needed, free, what))
+
+
 def new_run_id() -> str:
-    """A machine-unique run id that embeds the creating pid (for the stale-segment sweep)."""
+    """A machine-unique run id that embeds the creating pid."""
     return f"{os.getpid()}x{uuid.uuid4().hex[:12]}"
 
 
@@ -43,24 +103,22 @@ def pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def _path(name: str) -> str:
-    return os.path.join(SHM_DIR, name)
-
-
-def _unlink(name: str) -> None:
+def _unlink_path(path: str) -> None:
     try:
-        os.unlink(_path(name))
+        os.unlink(path)
     except FileNotFoundError:
         pass
     with _owned_lock:
-        _owned.pop(name, None)
+        fd = _owned.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _unlink_owned() -> None:
     with _owned_lock:
-        names = list(_owned)
-    for name in names:
-        _unlink(name)
+        paths = list(_owned)
+    for path in paths:
+        _unlink_path(path)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -74,30 +132,61 @@ if threading.current_thread() is threading.main_thread() and signal.getsignal(si
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def list_segments(run_id: str | None = None) -> List[str]:
-    """Names of frugal segments in /dev/shm (of one run, if given)."""
+def list_segments(run_id: Optional[str] = None, directory: Optional[str] = None) -> List[str]:
+    """Names of frugal segments in ``directory`` (of one run, if given)."""
     prefix = PREFIX + (f"{run_id}_" if run_id else "")
     try:
-        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
+        return sorted(n for n in os.listdir(directory or resolve_dir()) if n.startswith(prefix))
     except FileNotFoundError:
         return []
 
 
-def sweep_stale_segments() -> List[str]:
-    """Remove segments whose creating process is gone; returns the names removed."""
+def _ours(name: str) -> bool:
+    """Whether ``name`` follows our naming scheme (``frugal_<pid>x<hex>_...``, maybe being created)."""
+    if name.startswith(_CREATING):
+        name = name[len(_CREATING) :]
+    if not name.startswith(PREFIX):
+        return False
+    pid, sep, rest = name[len(PREFIX) :].partition("x")
+    return pid.isdigit() and bool(sep) and "_" in rest
+
+
+def _creator_alive(path: str) -> bool:
+    """Whether some process holds the lock a creator takes on its segment."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True  # already gone: nothing to sweep
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops our probe's lock
+    return False
+
+
+def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
+    """Remove segments whose creator is gone (nobody holds their lock); returns the names removed."""
+    directory = directory or resolve_dir()
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
     removed = []
-    for name in list_segments():
-        pid_part = name[len(PREFIX) :].split("x", 1)[0]
-        if pid_part.isdigit() and not pid_alive(int(pid_part)):
-            _unlink(name)
+    for name in names:
+        path = os.path.join(directory, name)
+        if _ours(name) and not _creator_alive(path):
+            _unlink_path(path)
             removed.append(name)
     return removed
 
 
-def remove_run_segments(run_id: str) -> None:
+def remove_run_segments(run_id: str, directory: Optional[str] = None) -> None:
     """Unlink every segment of a run (used when the run aborts)."""
-    for name in list_segments(run_id):
-        _unlink(name)
+    directory = directory or resolve_dir()
+    for name in list_segments(run_id, directory):
+        _unlink_path(os.path.join(directory, name))
 
 
 @dataclass(frozen=True)
@@ -121,6 +210,7 @@ class Layout:
         self.nbytes = max(off, _ALIGN)
 
 
+
 def _numel(shape: Tuple[int, ...]) -> int:
     n = 1
     for s in shape:
@@ -128,20 +218,40 @@ def _numel(shape: Tuple[int, ...]) -> int:
     return n
 
 
+def _reserve(fd: int, nbytes: int) -> None:
+    """Allocate every page of the file now, so that no later touch of the mapping can fault."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    chunk = bytes(1 << 24)  # a filesystem without fallocate: writing the zeros allocates the pages
+    for off in range(0, nbytes, len(chunk)):
+        os.pwrite(fd, chunk[: min(len(chunk), nbytes - off)], off)
+
+
 class SharedSegment:
     """One mapped shared-memory segment with typed tensor views."""
 
-    def __init__(self, name: str, layout: Layout, create: bool) -> None:
+    def __init__(self, name: str, layout: Layout, create: bool, directory: Optional[str] = None) -> None:
         self.name = name
         self.layout = layout
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(_path(name), flags, 0o600)
-        if create:  # only a name we created is ours to unlink at exit
-            with _owned_lock:
-                _owned[name] = None
+        self.directory = directory or resolve_dir()
+        self.path = os.path.join(self.directory, name)
+        fd = self._create() if create else os.open(self.path, os.O_RDWR)
         try:
             if create:
                 os.ftruncate(fd, layout.nbytes)
+                try:
+                    _reserve(fd, layout.nbytes)
+                except OSError as e:
+                    _unlink_path(self.path)
+                    if e.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+                        raise SharedMemoryFullError(
+                            room_error(self.directory, layout.nbytes, free_bytes(self.directory), f"segment {name}")
+                        ) from e
+                    raise
             elif os.fstat(fd).st_size != layout.nbytes:
                 raise RuntimeError(
                     f"shared segment {name} has {os.fstat(fd).st_size} bytes, expected {layout.nbytes}: "
@@ -149,7 +259,8 @@ class SharedSegment:
                 )
             self._mm = mmap.mmap(fd, layout.nbytes)
         finally:
-            os.close(fd)
+            if not create:  # a creator keeps its fd (and lock) while the name exists
+                os.close(fd)
         # The whole mapping as bytes: its address and size are what a device registers.
         self.base = torch.frombuffer(self._mm, dtype=torch.uint8)
         self.views: Dict[str, torch.Tensor] = {}
@@ -161,17 +272,37 @@ class SharedSegment:
             t = torch.frombuffer(self._mm, dtype=f.dtype, count=n, offset=layout.offsets[f.name])
             self.views[f.name] = t.view(f.shape)
 
-    @classmethod
-    def create(cls, name: str, layout: Layout) -> "SharedSegment":
-        return cls(name, layout, create=True)
+    def _create(self) -> int:
+        """Create the name locked: set up under a name the sweep ignores, lock, then link it in place.
+
+        Linking fails if the name exists (it is then not ours to unlink); the lock is held from
+        the first moment the name is visible.
+        """
+        tmp = os.path.join(self.directory, _CREATING + self.name)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            os.link(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            os.unlink(tmp)
+        with _owned_lock:  # only a name we created is ours to unlink at exit
+            _owned[self.path] = fd
+        return fd
 
     @classmethod
-    def attach(cls, name: str, layout: Layout) -> "SharedSegment":
-        return cls(name, layout, create=False)
+    def create(cls, name: str, layout: Layout, directory: Optional[str] = None) -> "SharedSegment":
+        return cls(name, layout, create=True, directory=directory)
+
+    @classmethod
+    def attach(cls, name: str, layout: Layout, directory: Optional[str] = None) -> "SharedSegment":
+        return cls(name, layout, create=False, directory=directory)
 
     def unlink(self) -> None:
         """Remove the name; existing mappings stay valid until the process ends."""
-        _unlink(self.name)
+        _unlink_path(self.path)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.views[key]

@@ -157,7 +157,7 @@ def _frugal_state_dict_hook(
             world, rank = dist.get_world_size(g.pg), dist.get_rank(g.pg)
             for t in g.tables:
                 off, size = row_blocks(t.num_embeddings, world)[rank]
-                weights, _ = g.read(t.name, torch.arange(off, off + size))
+                weights, _ = g.block(t.name, off, size)
                 key = f"{prefix}{module._frugal_weight_prefix}{t.name}.weight"
                 destination[key] = rows_sharded_tensor(weights, t.num_embeddings, g.pg)
 

@@ -37,7 +37,7 @@ class FrugalOptimizerState:
         g.ensure_flushed()
         n = self._num_rows()
         off, size = row_blocks(n, torch.distributed.get_world_size(g.pg))[torch.distributed.get_rank(g.pg)]
-        _, state = g.read(self._table, torch.arange(off, off + size))
+        _, state = g.block(self._table, off, size)
         return rows_sharded_tensor(state[:, self._column].clone(), n, g.pg)
 
     def load_state_dict(self, value: Union[ShardedTensor, torch.Tensor]) -> None:

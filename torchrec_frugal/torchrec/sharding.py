@@ -213,56 +213,34 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         """(weights, optimizer state) of ``ids`` of ``table`` from host; the engine must be flushed."""
         return self.engine.read_rows(self.table_rows(table, ids))
 
+    def block(self, table: str, first: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Views of (weights, optimizer state) of rows [first, first + count) of ``table`` in host
+        memory; the engine must be flushed. A checkpoint saves them without a copy."""
+        lo = int(self.engine.table_offsets[self.table_index[table]]) + first
+        return self.engine.host_block(lo, lo + count)
+
     def write(self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None:
         """Collective load of (table, ids, weights or None, state or None) parts held by this rank.
 
-        Every rank's parts are gathered so that all ranks pass the engine the same rows, as
-        ``FrugalEngine.write_rows`` requires; values not given keep their current host copy.
+        Each rank writes only its own parts (its block of a checkpoint) into the shared host
+        tables: no rank gathers another's rows. Values not given keep their current host copy.
         """
         self.ensure_flushed()
-        rows, weights, state = [], [], []
+        d, sw = self.engine.dim, self.engine.state_width
+        w_rows, w_vals, s_rows, s_vals = [], [], [], []
         for table, ids, w, s in parts:
             r = self.table_rows(table, ids)
-            cur_w, cur_s = self.engine.read_rows(r)
-            rows.append(r)
-            weights.append(cur_w if w is None else w.to("cpu", torch.float32).reshape(cur_w.shape))
-            state.append(cur_s if s is None else s.to("cpu", torch.float32).reshape(cur_s.shape))
-        d, sw = self.engine.dim, self.engine.state_width
-        local = torch.cat(
-            [
-                torch.cat(rows).to(torch.float64).unsqueeze(1) if rows else torch.empty(0, 1, dtype=torch.float64),
-                torch.cat(weights).to(torch.float64) if weights else torch.empty(0, d, dtype=torch.float64),
-                torch.cat(state).to(torch.float64) if state else torch.empty(0, sw, dtype=torch.float64),
-            ],
-            dim=1,
-        )
-        full = _all_gather_rows(local, self.pg, self.engine.device)
-        self.engine.write_rows(
-            full[:, 0].to(torch.int64),
-            full[:, 1 : 1 + d].to(torch.float32),
-            full[:, 1 + d :].to(torch.float32) if sw else None,
-        )
+            if w is not None:
+                w_rows.append(r)
+                w_vals.append(w.to("cpu", torch.float32).reshape(r.shape[0], d))
+            if s is not None:
+                s_rows.append(r)
+                s_vals.append(s.to("cpu", torch.float32).reshape(r.shape[0], sw))
+        empty = torch.empty(0, dtype=torch.int64)
+        # Two collective calls on every rank, whatever it holds.
+        self.engine.write_rows(torch.cat(w_rows) if w_rows else empty, weights=torch.cat(w_vals) if w_vals else torch.empty(0, d))
+        self.engine.write_rows(torch.cat(s_rows) if s_rows else empty, state=torch.cat(s_vals) if s_vals else torch.empty(0, sw))
         self._flushed_step = self.engine.step
-
-
-def _all_gather_rows(local: torch.Tensor, pg: Optional[dist.ProcessGroup], device: torch.device) -> torch.Tensor:
-    """Concatenate every rank's [n_r, k] rows in rank order (n_r may differ).
-
-    Under NCCL, which takes device tensors only, the rows travel through ``device``; the result is on CPU.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(pg) == 1:
-        return local
-    world = dist.get_world_size(pg)
-    on = device if dist.get_backend(pg) == "nccl" else torch.device("cpu")
-    n = torch.tensor([local.shape[0]], dtype=torch.int64, device=on)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=on) for _ in range(world)]
-    dist.all_gather(sizes, n, group=pg)
-    counts = [int(s) for s in sizes]
-    padded = torch.zeros(max(counts), local.shape[1], dtype=local.dtype, device=on)
-    padded[: local.shape[0]] = local
-    out = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(out, padded, group=pg)
-    return torch.cat([o[:c] for o, c in zip(out, counts)]).cpu()
 
 
 class _FrugalStep:

@@ -1,0 +1,176 @@
+"""Peak host memory and time of saving and loading the frugal tables of a DLRM with
+torch.distributed.checkpoint, on N CPU ranks of one machine.
+
+The tables are criteo-kaggle's 26 (33.8M rows at scale 1.0) x dim 32 with row-wise Adagrad
+state, all "frugal"; each rank saves and loads its row block. Peak memory is the machine's
+(MemTotal - MemAvailable) sampled every 5 ms by rank 0, above its level just before the phase:
+it counts every rank, the checkpoint's page cache excluded (reclaimable).
+
+    python benchmarks/bench_checkpoint.py --scale 1.0 --ranks 2 --json benchmarks/results/checkpoint.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def _used_bytes() -> int:
+    info: Dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+class PeakSampler:
+    """The highest machine memory use seen since :meth:`start`, sampled by a thread."""
+
+    def __init__(self, period_s: float = 0.005) -> None:
+        self.period_s = period_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _used_bytes())
+            time.sleep(self.period_s)
+
+    def start(self) -> int:
+        base = _used_bytes()
+        self.peak = base
+        return base
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _rank(rank: int, world: int, port: int, args: argparse.Namespace, directory: str, out: "mp.Queue") -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import torch.distributed.checkpoint as dcp
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torch import nn
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from examples.dlrm.configs import DATASETS
+    from torchrec_frugal import FrugalConfig
+    from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder, frugal
+
+    rows = DATASETS[args.config].rows(args.scale)
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name=f"t{i}", embedding_dim=args.dim, num_embeddings=n, feature_names=[f"f{i}"])
+            for i, n in enumerate(rows)
+        ],
+        device=torch.device("meta"),
+    )
+    model = nn.Module()
+    model.ebc = ebc
+    sharder = FrugalEmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01},
+        config=FrugalConfig(lookahead=0, cache_ratio=0.01),
+    )
+    plan = ShardingPlan(
+        {"ebc": construct_module_sharding_plan(ebc, {f"t{i}": frugal() for i in range(len(rows))}, sharder=sharder,
+                                               local_size=world, world_size=world, device_type="cpu")}
+    )
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+                                   device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    sampler = PeakSampler() if rank == 0 else None
+    result: Dict[str, Any] = {"rows": sum(rows), "tables": len(rows), "dim": args.dim, "ranks": world}
+
+    def phase(name: str, fn: Any) -> None:
+        dist.barrier()
+        base = sampler.start() if sampler else 0
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()
+        if sampler:
+            result[f"{name}_s"] = time.perf_counter() - t0
+            result[f"{name}_peak_bytes"] = sampler.peak - base
+
+    def save() -> None:
+        dcp.save({"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}, checkpoint_id=directory)
+
+    def load() -> None:
+        state = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
+        dcp.load(state, checkpoint_id=directory)
+        dmp.load_state_dict(state["model"])
+        dmp.fused_optimizer.load_state_dict(state["optim"])
+
+    phase("save", save)
+    phase("load", load)
+    if sampler:
+        sampler.stop()
+        result["table_bytes"] = sum(rows) * (args.dim + 1) * 4
+        out.put(result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: List[str] | None = None) -> Dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="criteo-kaggle")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--dir", default=None, help="where the checkpoint goes (default: a temporary directory, removed)")
+    p.add_argument("--json", default=None, help="write the result here")
+    args = p.parse_args(argv)
+    from tests.dist_harness import free_port  # noqa: E402 - the repository's port helper
+
+    directory = args.dir or tempfile.mkdtemp(prefix="frugal_ckpt_bench_")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, args, directory, out)) for r in range(args.ranks)]
+    try:
+        for pr in procs:
+            pr.start()
+        result = out.get(timeout=3600)
+        for pr in procs:
+            pr.join(timeout=600)
+            if pr.exitcode != 0:
+                raise SystemExit(f"rank process exited with {pr.exitcode}")
+    finally:
+        for pr in procs:
+            if pr.is_alive():
+                pr.kill()
+        if args.dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
+    gib = 2**30
+    print(
+        f"{args.config} scale {args.scale}: {result['rows']:,} rows x {args.dim} on {args.ranks} ranks "
+        f"({result['table_bytes'] / gib:.2f} GiB with state) | save {result['save_s']:.1f} s, peak +{result['save_peak_bytes'] / gib:.2f} GiB "
+        f"| load {result['load_s']:.1f} s, peak +{result['load_peak_bytes'] / gib:.2f} GiB"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(result, config=args.config, scale=args.scale), f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

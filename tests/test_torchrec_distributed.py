@@ -521,6 +521,32 @@ def run_checks(world: int) -> Dict[str, Any]:
     seen["pipeline_read"] = len(read)
     seen["rows_computed_per_lookup"] = len(computed) / len(ebc.frugal_lookups())
     seen["pipeline_capacity"] = ebc.lookahead_capacity()
+
+    # A save hands out views of the shared tables; a load writes each rank's own row block only.
+    from torchrec_frugal.torchrec.checkpoint import row_blocks
+
+    engines = list({id(g.engine): g.engine for lookup in ebc.frugal_lookups() for g in lookup.groups}.values())
+    written: List[int] = []
+    for eng in engines:
+        def spy(rows: torch.Tensor, weights: Any = None, state: Any = None, orig: Any = eng.write_rows) -> None:
+            written.append(int(rows.numel()))
+            orig(rows, weights, state)
+
+        eng.write_rows = spy  # type: ignore[method-assign]
+    sd = dmp.state_dict()
+    hosts = {e.host_block(0, 0)[0].untyped_storage().data_ptr() for e in engines}
+    seen["save_shards_are_views"] = all(
+        sh.tensor.untyped_storage().data_ptr() in hosts for t in range(len(TABLE_ROWS)) for sh in sd[f"{key}.t{t}.weight"].local_shards()
+    )
+    last = len(TABLE_ROWS) - 1
+    new_table = torch.arange(TABLE_ROWS[last] * DIM, dtype=torch.float32).reshape(-1, DIM) / 1e6
+    sd[f"{key}.t{last}.weight"] = new_table  # a whole tensor, the same on every rank
+    dmp.load_state_dict(sd)
+    rank = dist.get_rank()
+    seen["load_rows_written"] = sum(written)
+    seen["load_rows_own_blocks"] = sum(row_blocks(n, world)[rank][1] for n in TABLE_ROWS)
+    final = full_tables(dmp, key, table_shapes("dlrm"))[last]
+    seen["loaded_whole_table"] = bool(np.array_equal(final, new_table.numpy())) if rank == 0 else True
     release(dmp)
     return seen
 
@@ -674,6 +700,16 @@ def test_bad_inputs_are_refused_and_change_nothing(world2: List[Dict[str, Any]])
         assert seen["lookahead_mismatch"] is not None and "lookahead" in seen["lookahead_mismatch"]
         assert "'t" in seen["lookahead_mismatch"]
         assert seen["unchanged"] and seen["trains_after"]
+
+
+def test_checkpoint_save_is_views_and_load_writes_own_blocks(world2: List[Dict[str, Any]]) -> None:
+    """Saving copies no table; loading writes exactly this rank's row block of every table (no
+    all-gather of whole tables), and a whole tensor loaded on every rank lands whole."""
+    for r, out in enumerate(world2):
+        c = out["checks"]
+        assert c["save_shards_are_views"], r
+        assert c["load_rows_written"] == c["load_rows_own_blocks"] < sum(TABLE_ROWS), (r, c)
+        assert c["loaded_whole_table"], r
 
 
 def test_learning_rate_through_param_groups(world2: List[Dict[str, Any]]) -> None:

@@ -825,23 +825,29 @@ class FrugalEngine:
             raise FrugalInputError(f"host_block: rows [{lo}, {hi}) outside the fused tables [0, {self.num_rows})")
         return self._host_w[lo:hi], self._host_s[lo:hi]
 
-    def write_rows(self, rows: torch.Tensor, weights: Optional[torch.Tensor] = None, state: Optional[torch.Tensor] = None) -> None:
-        """Collective load: each rank writes its own ``rows`` (no row from two ranks) to host, then
-        every rank refreshes the rows its store holds. ``weights``/``state`` None keep the current values.
+    def write_rows(self, parts: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None:
+        """Collective load of this rank's (rows, weights or None, state or None) parts: each rank
+        writes its own rows (no row from two ranks) to host, then every rank refreshes the rows its
+        store holds. None keeps the current values.
 
         Host memory is shared: once flushed, any rank may write any row in place, so a load never
-        moves a row between ranks (a rank loads its block of a checkpoint, nothing more).
+        moves a row between ranks (a rank loads its block of a checkpoint, nothing more). A part
+        whose values already are those host rows (a checkpoint loaded into the views that
+        :meth:`host_block` handed out) is not copied onto itself.
         """
-        rows = self._check_rows(rows, "write_rows")
-        if weights is not None and weights.shape != (rows.shape[0], self.dim):
-            raise FrugalInputError(f"write_rows: weights of shape {tuple(weights.shape)} for {rows.shape[0]} rows of dim {self.dim}")
-        if state is not None and state.shape != (rows.shape[0], self.state_width):
-            raise FrugalInputError(f"write_rows: state of shape {tuple(state.shape)}, expected {(rows.shape[0], self.state_width)}")
+        checked = []
+        for rows, weights, state in parts:
+            rows = self._check_rows(rows, "write_rows")
+            if weights is not None and weights.shape != (rows.shape[0], self.dim):
+                raise FrugalInputError(f"write_rows: weights of shape {tuple(weights.shape)} for {rows.shape[0]} rows of dim {self.dim}")
+            if state is not None and state.shape != (rows.shape[0], self.state_width):
+                raise FrugalInputError(f"write_rows: state of shape {tuple(state.shape)}, expected {(rows.shape[0], self.state_width)}")
+            checked.append((rows, weights, state))
         self.flush()  # nothing pending, no flusher writing: host is free to write
-        if weights is not None:
-            self._host_w.index_copy_(0, rows, weights.to("cpu", torch.float32))
-        if state is not None and self.state_width:
-            self._host_s.index_copy_(0, rows, state.to("cpu", torch.float32))
+        for rows, weights, state in checked:
+            for host, values in ((self._host_w, weights), (self._host_s, state)):
+                if values is not None and values.numel() and not _aliases(host, rows, values):
+                    host.index_copy_(0, rows, values.to("cpu", torch.float32))
         self._guard(lambda: self._sync("write_rows"))
         held = np.flatnonzero(self.store.slot_of >= 0)
         idx = torch.from_numpy(held)
@@ -896,3 +902,13 @@ class FrugalEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _aliases(host: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether ``values`` is the very memory of host rows ``rows`` (consecutive, in order)."""
+    first = int(rows[0])
+    return (
+        values.is_contiguous()
+        and values.data_ptr() == host[first].data_ptr()
+        and bool(torch.equal(rows, torch.arange(first, first + rows.shape[0])))
+    )

@@ -227,19 +227,16 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         """
         self.ensure_flushed()
         d, sw = self.engine.dim, self.engine.state_width
-        w_rows, w_vals, s_rows, s_vals = [], [], [], []
-        for table, ids, w, s in parts:
-            r = self.table_rows(table, ids)
-            if w is not None:
-                w_rows.append(r)
-                w_vals.append(w.to("cpu", torch.float32).reshape(r.shape[0], d))
-            if s is not None:
-                s_rows.append(r)
-                s_vals.append(s.to("cpu", torch.float32).reshape(r.shape[0], sw))
-        empty = torch.empty(0, dtype=torch.int64)
-        # Two collective calls on every rank, whatever it holds.
-        self.engine.write_rows(torch.cat(w_rows) if w_rows else empty, weights=torch.cat(w_vals) if w_vals else torch.empty(0, d))
-        self.engine.write_rows(torch.cat(s_rows) if s_rows else empty, state=torch.cat(s_vals) if s_vals else torch.empty(0, sw))
+        self.engine.write_rows(
+            [
+                (
+                    self.table_rows(table, ids),
+                    None if w is None else w.reshape(ids.shape[0], d),
+                    None if s is None else s.reshape(ids.shape[0], sw),
+                )
+                for table, ids, w, s in parts
+            ]
+        )
         self._flushed_step = self.engine.step
 
 

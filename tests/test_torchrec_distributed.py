@@ -534,9 +534,10 @@ def run_checks(world: int) -> Dict[str, Any]:
 
         eng.write_rows = spy  # type: ignore[method-assign]
     sd = dmp.state_dict()
-    hosts = {e.host_block(0, 0)[0].untyped_storage().data_ptr() for e in engines}
-    seen["save_shards_are_views"] = all(
-        sh.tensor.untyped_storage().data_ptr() in hosts for t in range(len(TABLE_ROWS)) for sh in sd[f"{key}.t{t}.weight"].local_shards()
+    host = [(e.host_block(0, e.num_rows)[0].data_ptr(), e.num_rows * e.dim * 4) for e in engines]
+    shards = [sh.tensor for t in range(len(TABLE_ROWS)) for sh in sd[f"{key}.t{t}.weight"].local_shards()]
+    seen["save_shards_are_views"] = all(  # inside a host table, and storage no larger than the shard
+        any(p <= x.data_ptr() < p + n for p, n in host) and x.untyped_storage().nbytes() == x.numel() * 4 for x in shards
     )
     last = len(TABLE_ROWS) - 1
     new_table = torch.arange(TABLE_ROWS[last] * DIM, dtype=torch.float32).reshape(-1, DIM) / 1e6

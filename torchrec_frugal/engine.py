@@ -823,7 +823,7 @@ class FrugalEngine:
         """
         if not 0 <= lo <= hi <= self.num_rows:
             raise FrugalInputError(f"host_block: rows [{lo}, {hi}) outside the fused tables [0, {self.num_rows})")
-        return self._host_w[lo:hi], self._host_s[lo:hi]
+        return self._host.rows("weights", lo, hi), self._host.rows("state", lo, hi)
 
     def write_rows(self, parts: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None:
         """Collective load of this rank's (rows, weights or None, state or None) parts: each rank

@@ -23,6 +23,7 @@ import mmap
 import os
 import signal
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -166,6 +167,13 @@ def _creator_alive(path: str) -> bool:
     return False
 
 
+def _age_s(path: str) -> float:
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
     """Remove segments whose creator is gone (nobody holds their lock); returns the names removed."""
     directory = directory or resolve_dir()
@@ -176,6 +184,8 @@ def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
     removed = []
     for name in names:
         path = os.path.join(directory, name)
+        if name.startswith(_CREATING) and _age_s(path) < 60.0:
+            continue  # its creator may be between creating and locking it
         if _ours(name) and not _creator_alive(path):
             _unlink_path(path)
             removed.append(name)
@@ -291,6 +301,20 @@ class SharedSegment:
         with _owned_lock:  # only a name we created is ours to unlink at exit
             _owned[self.path] = fd
         return fd
+
+    def rows(self, key: str, lo: int, hi: int) -> torch.Tensor:
+        """Rows [lo, hi) of field ``key`` as a tensor whose storage is exactly those rows.
+
+        A slice of a view would keep the whole field as its storage, and torch.save (hence a
+        torch.distributed.checkpoint save) copies a tensor smaller than its storage first.
+        """
+        f = next(f for f in self.layout.fields if f.name == key)
+        row = _numel(f.shape[1:])
+        if hi <= lo or row == 0:
+            return torch.empty((max(hi - lo, 0),) + tuple(f.shape[1:]), dtype=f.dtype)
+        size = torch.empty((), dtype=f.dtype).element_size()
+        t = torch.frombuffer(self._mm, dtype=f.dtype, count=(hi - lo) * row, offset=self.layout.offsets[key] + lo * row * size)
+        return t.view((hi - lo,) + tuple(f.shape[1:]))
 
     @classmethod
     def create(cls, name: str, layout: Layout, directory: Optional[str] = None) -> "SharedSegment":

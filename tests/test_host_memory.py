@@ -199,3 +199,14 @@ def test_memlock_hint_names_the_limit_the_bytes_and_the_fix() -> None:
     hint = memlock_hint(4 * 2**30, limit=8 * 2**20, privileged=False)
     assert "4294967296 bytes (4.00 GiB)" in hint and "ulimit -l) is 8388608 bytes" in hint
     assert "ulimit -l unlimited" in hint and "--ulimit memlock=-1" in hint and "host_path='pinned'" in hint
+
+
+def test_sweep_keeps_an_unlocked_segment_of_a_live_run() -> None:
+    """A live job that takes no lock (an older release) keeps its segments: its pid is alive."""
+    name = f"{shm.PREFIX}{os.getpid()}x{'cd' * 6}_host"
+    path = os.path.join(shm.resolve_dir(), name)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        assert name not in shm.sweep_stale_segments() and os.path.exists(path)
+    finally:
+        os.unlink(path)

@@ -5,8 +5,8 @@ Segments live in one directory of a shared-memory filesystem (``/dev/shm`` unles
 chose the run id. A run unlinks each segment as soon as all local ranks have mapped it (the
 mappings stay valid), so a crash afterwards leaves nothing behind. While a name exists, its
 creator holds a shared ``flock`` on it: the lock dies with the process however it ends (SIGKILL
-included), so :func:`sweep_stale_segments` removes exactly the segments whose creator is gone,
-even one in another pid namespace sharing the directory, and never a live one. The creating
+included), so :func:`sweep_stale_segments` never removes a live segment, even one of a job in
+another pid namespace sharing the directory. The creating
 process also unlinks what it still owns at exit or on SIGTERM.
 
 A segment's pages are reserved when it is created (``posix_fallocate``): a filesystem without
@@ -152,6 +152,13 @@ def _ours(name: str) -> bool:
     return pid.isdigit() and bool(sep) and "_" in rest
 
 
+def _pid_of(name: str) -> int:
+    """The pid a name of our scheme embeds: the process that chose the run id."""
+    if name.startswith(_CREATING):
+        name = name[len(_CREATING) :]
+    return int(name[len(PREFIX) :].split("x", 1)[0])
+
+
 def _creator_alive(path: str) -> bool:
     """Whether some process holds the lock a creator takes on its segment."""
     try:
@@ -175,7 +182,12 @@ def _age_s(path: str) -> float:
 
 
 def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
-    """Remove segments whose creator is gone (nobody holds their lock); returns the names removed."""
+    """Remove segments whose run is gone; returns the names removed.
+
+    A segment is stale when the pid its name embeds is not alive here and nobody holds its
+    creator's lock: the lock keeps segments of a live job in another pid namespace, the pid keeps
+    those of a live job that takes no lock (an older release of this package).
+    """
     directory = directory or resolve_dir()
     try:
         names = sorted(os.listdir(directory))
@@ -186,7 +198,7 @@ def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
         path = os.path.join(directory, name)
         if name.startswith(_CREATING) and _age_s(path) < 60.0:
             continue  # its creator may be between creating and locking it
-        if _ours(name) and not _creator_alive(path):
+        if _ours(name) and not pid_alive(_pid_of(name)) and not _creator_alive(path):
             _unlink_path(path)
             removed.append(name)
     return removed

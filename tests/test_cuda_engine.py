@@ -194,3 +194,40 @@ def test_engine_exact_with_ranks_sharing_one_gpu(world: int) -> None:
             assert m["device"] == "cuda:0" and m["host_path"] == sc.host_path, m
             assert m["registered"] == float(sc.host_path == "zero_copy"), m
     assert shm.list_segments() == []
+
+
+_LOW_MEMLOCK = """
+import json, resource, sys, torch
+from torchrec_frugal import shm
+from torchrec_frugal.device import HostRegistration, _can_lock_any
+from torchrec_frugal.errors import FrugalError
+resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536))
+layout = shm.Layout([shm.Field("weights", torch.float32, (16 * 2**20 // 4,))])
+seg = shm.SharedSegment.create(f"{shm.PREFIX}{shm.new_run_id()}_memlock", layout)
+seg.unlink()
+try:
+    HostRegistration(seg.base.data_ptr(), seg.base.numel(), torch.device("cuda", 0), seg).close()
+    out = {"registered": True, "error": ""}
+except FrugalError as e:
+    out = {"registered": False, "error": str(e)}
+out["privileged"] = _can_lock_any()
+print(json.dumps(out))
+"""
+
+
+def test_registration_under_a_small_locked_memory_limit_names_it() -> None:
+    """16 MiB registered under ``ulimit -l`` 64 KiB: registered (the privilege or the driver does not
+    count it), or refused with an error that names the limit and the fix."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _LOW_MEMLOCK], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    print(f"registration under ulimit -l 64 KiB: {out}")
+    if not out["registered"]:
+        assert "ulimit -l) is 65536 bytes" in out["error"] or out["privileged"], out

@@ -297,10 +297,11 @@ def memlock_hint(nbytes: int, limit: Optional[int] = None, privileged: Optional[
     if limit == resource.RLIM_INFINITY or privileged or nbytes <= limit:
         return ""
     return (
-        f"page-locking the {nbytes} bytes ({nbytes / 2**30:.2f} GiB) of shared host tables needs a locked-memory "
+        f"page-locking the {nbytes} bytes ({nbytes / 2**30:.2f} GiB) of shared host tables can need a locked-memory "
         f"limit of at least that, but this process's limit (ulimit -l) is {limit} bytes and it lacks CAP_IPC_LOCK: "
-        "raise it (ulimit -l unlimited in the launching shell, LimitMEMLOCK=infinity for a systemd service, "
-        "docker run --ulimit memlock=-1), or use host_path='pinned', which page-locks only small staging buffers"
+        "if that is the cause, raise it (ulimit -l unlimited in the launching shell, LimitMEMLOCK=infinity for a "
+        "systemd service, docker run --ulimit memlock=-1), or use host_path='pinned', which page-locks only small "
+        "staging buffers"
     )
 
 

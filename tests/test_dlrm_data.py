@@ -162,6 +162,14 @@ def test_auc_matches_torchmetrics():
     assert auc(s, y) == pytest.approx(float(binary_auroc(torch.tensor(s), torch.tensor(y).long())), abs=1e-6)
 
 
+def test_auc_is_undefined_with_one_class():
+    """The training summary and the data's Bayes AUC share this one function: a window of one
+    class has no AUC (NaN), not the 0.5 of a model that learned nothing."""
+    assert np.isnan(auc(np.arange(4.0), np.ones(4))) and np.isnan(auc(np.arange(4.0), np.zeros(4)))
+    assert np.isnan(auc(np.zeros(0), np.zeros(0)))
+    assert auc(np.array([0.1, 0.9]), np.array([0.0, 1.0])) == 1.0
+
+
 def test_loader_workers_make_the_same_batches_off_the_training_process():
     d = small_data(batch_size=64, seed=5)
     inline = list(d.batches(1, 4, 6))

@@ -231,13 +231,14 @@ def count_ids(
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """ROC AUC (ties averaged) without extra dependencies; 0.5 if one class is missing."""
+    """ROC AUC (ties averaged) without extra dependencies; NaN where it is undefined (a window
+    with one class only, or none): a number there would pass for a measurement."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     labels = np.asarray(labels).reshape(-1) > 0.5
     n_pos = int(labels.sum())
     n_neg = labels.size - n_pos
     if n_pos == 0 or n_neg == 0:
-        return 0.5
+        return float("nan")
     order = np.argsort(scores, kind="mergesort")
     s = scores[order]
     ranks = np.empty(s.size, dtype=np.float64)

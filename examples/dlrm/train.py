@@ -77,6 +77,7 @@ from examples.common import (
 from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
 from examples.dlrm.data import (
     SyntheticClickData,
+    auc,
     count_ids,
     criteo_npy_batches,
     criteo_tsv_batches,
@@ -299,12 +300,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _auc(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    from torchmetrics.functional.classification import binary_auroc
-
-    logits, labels = logits.float().cpu(), labels.cpu()
-    if labels.numel() == 0 or labels.min() == labels.max():
-        return float("nan")
-    return float(binary_auroc(logits, labels.long()))
+    return auc(logits.float().cpu().numpy(), labels.cpu().numpy())
 
 
 def _peak_rss_mib() -> float:

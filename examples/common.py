@@ -151,8 +151,7 @@ class FrugalStats:
 
         for m in model.modules():
             if isinstance(m, (FrugalShardedEmbeddingBagCollection, FrugalShardedEmbeddingCollection)):
-                for lookup in m.frugal_lookups():
-                    self.engines.extend(g.engine for g in lookup.groups)
+                self.engines.extend(m.frugal_engines())
 
     def reset(self) -> None:
         self.gate_wait_s = 0.0

@@ -525,7 +525,7 @@ def run_checks(world: int) -> Dict[str, Any]:
     # A save hands out views of the shared tables; a load writes each rank's own row block only.
     from torchrec_frugal.torchrec.checkpoint import row_blocks
 
-    engines = list({id(g.engine): g.engine for lookup in ebc.frugal_lookups() for g in lookup.groups}.values())
+    engines = ebc.frugal_engines()
     written: List[int] = []
     for eng in engines:
         def spy(parts: Any, orig: Any = eng.write_rows) -> None:

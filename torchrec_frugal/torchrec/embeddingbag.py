@@ -32,6 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
 from ..errors import FrugalInputError
+from ..engine import FrugalEngine
 from .checkpoint import held_rows, row_blocks, rows_sharded_tensor
 from .sharding import FRUGAL, FrugalEmbeddingLookup, FrugalPooledEmbeddingSharding
 
@@ -111,6 +112,11 @@ class FrugalShardedModuleMixin:
 
     def frugal_lookups(self) -> List[FrugalEmbeddingLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, FrugalEmbeddingLookup)]
+
+    def frugal_engines(self) -> List[FrugalEngine]:
+        """The engines serving this module's frugal tables, one per table group: what a training
+        script reads for per-step statistics (``last_metrics``, flushed rows, background threads)."""
+        return [g.engine for lookup in self.frugal_lookups() for g in lookup.groups]
 
     def _register_frugal_state_hooks(self) -> None:
         module = self

@@ -23,8 +23,8 @@ def _pair(tmp_path, kind: str, first: int, most: int):
         args = (lambda k: ring_layout(RING, WORLD, k), keep_ring, RING_ROWS)
     else:
         args = (lambda k: grads_layout(WORLD, k, DIM), None, GRAD_ROWS)
-    recs = [Record(kind, *args, prefix, str(tmp_path), first, most, r, WORLD) for r in range(WORLD)]
-    created = [rec.create_own(Control(block["control"], r, 5.0)) for r, rec in enumerate(recs)]
+    recs = [Record(kind, *args, str(tmp_path), first, most, r, WORLD) for r in range(WORLD)]
+    created = [rec.create_own(Control(block["control"], r, 5.0), prefix) for r, rec in enumerate(recs)]
     for rec in recs:
         rec.attach_peers()
     for rec in recs:

@@ -117,19 +117,16 @@ class FrugalEngine:
             ]
         )
         # Mailbox records start at mailbox_rows rows (announced rows only with a lookahead).
-        first, ring_max = self.config.mailbox_rows, n if self.lookahead > 0 else 0
-        self.run_id = self._start_run(
-            ring_layout(self._ring, self.world_size, min(first, ring_max)).nbytes
-            + grads_layout(self.world_size, min(first, n), d).nbytes
-        )
+        first = self.config.mailbox_rows
         self.ring_record = Record(
             "ring", lambda k: ring_layout(self._ring, self.world_size, k), keep_ring, RING_ROWS,
-            self._seg(""), self.shm_dir, first, ring_max, self.rank, self.world_size,
+            self.shm_dir, first, n if self.lookahead > 0 else 0, self.rank, self.world_size,
         )
         self.grad_record = Record(
             "grads", lambda k: grads_layout(self.world_size, k, d), None, GRAD_ROWS,
-            self._seg(""), self.shm_dir, first, n, self.rank, self.world_size,
+            self.shm_dir, first, n, self.rank, self.world_size,
         )
+        self.run_id = self._start_run(self.ring_record.nbytes() + self.grad_record.nbytes())
         self._create_shared_memory(init_weights, seed)
         self._host_w = self._host["weights"]
         self._host_s = self._host["state"]
@@ -221,10 +218,6 @@ class FrugalEngine:
     def _collective(self) -> bool:
         return self.world_size > 1
 
-    def _barrier(self) -> None:
-        if self._collective():
-            dist.barrier(group=self._pg)
-
     def _gather_objects(self, obj: object) -> List[object]:
         if not self._collective():
             return [obj]
@@ -284,8 +277,8 @@ class FrugalEngine:
             c.set(SYNC, 0)
             c.set(STATUS, RUNNING)
             c.set(PID, os.getpid())
-            created.append(self.ring_record.create_own(c))
-            created.append(self.grad_record.create_own(c))
+            created.append(self.ring_record.create_own(c, self._seg("")))
+            created.append(self.grad_record.create_own(c, self._seg("")))
 
         def attach() -> None:
             self.ring_record.attach_peers()

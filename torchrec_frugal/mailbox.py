@@ -65,7 +65,6 @@ class Record:
         layout_of: Callable[[int], Layout],
         keep: Optional[Callable[[SharedSegment, SharedSegment], None]],
         rows_field: int,
-        name_prefix: str,
         directory: str,
         initial_rows: int,
         max_rows: int,
@@ -77,7 +76,7 @@ class Record:
         self._keep = keep
         self._control: Optional[Control] = None
         self._field = rows_field
-        self._prefix = name_prefix
+        self._prefix = ""  # the run's, given at create_own
         self._dir = directory
         self.rank = rank
         self.max_rows = max_rows
@@ -89,13 +88,15 @@ class Record:
     def _name(self, rank: int, rows: int) -> str:
         return f"{self._prefix}{self.kind}{rank}n{rows}"
 
-    def nbytes(self, rows: Optional[int] = None) -> int:
-        """Bytes of a record of ``rows`` rows (the first record's by default)."""
-        return self._layout_of(self.rows if rows is None else rows).nbytes
+    def nbytes(self) -> int:
+        """Bytes of this rank's record now (at first: of ``initial_rows`` rows)."""
+        return self._layout_of(self.rows).nbytes
 
     # ------------------------------------------------------------------ set-up (collective steps)
-    def create_own(self, control: Control) -> SharedSegment:
-        """Create this rank's first record (the engine then barriers and attaches the others')."""
+    def create_own(self, control: Control, name_prefix: str) -> SharedSegment:
+        """Create this rank's first record, its name starting ``name_prefix`` (the engine then
+        barriers and attaches the others')."""
+        self._prefix = name_prefix
         seg = SharedSegment.create(self._name(self.rank, self.rows), self._layout_of(self.rows), self._dir)
         self._segs[self.rank] = seg
         self._control = control

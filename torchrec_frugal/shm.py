@@ -142,21 +142,15 @@ def list_segments(run_id: Optional[str] = None, directory: Optional[str] = None)
         return []
 
 
-def _ours(name: str) -> bool:
-    """Whether ``name`` follows our naming scheme (``frugal_<pid>x<hex>_...``, maybe being created)."""
+def _pid_of(name: str) -> Optional[int]:
+    """The pid a name of our scheme (``frugal_<pid>x<hex>_...``, maybe being created) embeds:
+    the process that chose the run id; None for any other name."""
     if name.startswith(_CREATING):
         name = name[len(_CREATING) :]
     if not name.startswith(PREFIX):
-        return False
+        return None
     pid, sep, rest = name[len(PREFIX) :].partition("x")
-    return pid.isdigit() and bool(sep) and "_" in rest
-
-
-def _pid_of(name: str) -> int:
-    """The pid a name of our scheme embeds: the process that chose the run id."""
-    if name.startswith(_CREATING):
-        name = name[len(_CREATING) :]
-    return int(name[len(PREFIX) :].split("x", 1)[0])
+    return int(pid) if pid.isdigit() and sep and "_" in rest else None
 
 
 def _creator_alive(path: str) -> bool:
@@ -198,7 +192,8 @@ def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
         path = os.path.join(directory, name)
         if name.startswith(_CREATING) and _age_s(path) < 60.0:
             continue  # its creator may be between creating and locking it
-        if _ours(name) and not pid_alive(_pid_of(name)) and not _creator_alive(path):
+        pid = _pid_of(name)
+        if pid is not None and not pid_alive(pid) and not _creator_alive(path):
             _unlink_path(path)
             removed.append(name)
     return removed

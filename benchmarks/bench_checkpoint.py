@@ -147,7 +147,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     p.add_argument("--dir", default=None, help="where the checkpoint goes (default: a temporary directory, removed)")
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args(argv)
-    from tests.dist_harness import free_port  # noqa: E402 - the repository's port helper
+    from torchrec_frugal.test_utils import free_port
 
     directory = args.dir or tempfile.mkdtemp(prefix="frugal_ckpt_bench_")
     ctx = mp.get_context("spawn")

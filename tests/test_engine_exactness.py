@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from dist_harness import run_ranks
+from torchrec_frugal.test_utils import run_ranks
 from engine_reference import Scenario, run_scenarios
 from torchrec_frugal.shm import list_segments
 

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from dist_harness import free_port, run_ranks
+from torchrec_frugal.test_utils import free_port, run_ranks
 from torchrec_frugal import FrugalConfig, FrugalEngine, FrugalInputError, OptimizerSpec, TableSpec
 from torchrec_frugal.shm import list_segments
 

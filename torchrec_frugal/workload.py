@@ -11,6 +11,8 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
+from torchrec_frugal.presample import count_ids
+
 
 class ZipfIds:
     """Ids of one table drawn from Zipf(s) over a fixed random permutation of its rows."""
@@ -45,8 +47,4 @@ class ZipfWorkload:
 
     def counts(self, rank: int, steps: int) -> List[torch.Tensor]:
         """Id counts of each table over this rank's first ``steps`` batches (the pre-sample)."""
-        out = [np.zeros(t.num_rows, dtype=np.int64) for t in self.tables]
-        for s in range(steps):
-            for c, ids in zip(out, self.batch(rank, s)):
-                c += np.bincount(ids.numpy(), minlength=c.shape[0])
-        return [torch.from_numpy(c) for c in out]
+        return count_ids((self.batch(rank, s) for s in range(steps)), [t.num_rows for t in self.tables])

@@ -30,6 +30,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_frugal import presample
 from torchrec_frugal.workload import ZipfIds
 
 try:  # run as a script (sys.path[0] = examples/dlrm) or imported as examples.dlrm.data
@@ -187,13 +188,8 @@ class SyntheticClickData:
         Keys are ``table_names`` (default ``dataset.table_names()``); values int64 ``[rows]``.
         """
         names = list(table_names) if table_names is not None else self.dataset.table_names()
-        total = int(sum(self.rows))
-        ids = [(self.ids(r, s) + self._offsets).reshape(-1) for r in ranks for s in range(steps)]
-        counts = np.bincount(np.concatenate(ids), minlength=total) if ids else np.zeros(total, dtype=np.int64)
-        return {
-            n: torch.from_numpy(counts[int(o) : int(o) + rows].copy())
-            for n, o, rows in zip(names, self._offsets[:, 0], self.rows)
-        }
+        batches = (torch.from_numpy(self.ids(r, s)) for r in ranks for s in range(steps))
+        return dict(zip(names, presample.count_ids(batches, self.rows)))
 
     def bayes_auc(self, rank: int = 0, steps: int = 20, split: str = "eval") -> float:
         """AUC of the planted click probability itself: the ceiling any model can reach."""
@@ -222,12 +218,8 @@ def count_ids(
     batches: Iterable[Batch], table_names: Sequence[str], rows: Sequence[int]
 ) -> Dict[str, torch.Tensor]:
     """Per-table id counts of ``batches`` (feature i feeds table i): a pre-sample of real data."""
-    counts = [torch.zeros(n, dtype=torch.int64) for n in rows]
-    for b in batches:
-        kjt = b.sparse_features
-        for c, v in zip(counts, kjt.split([1] * len(counts))):
-            c += torch.bincount(v.values().to(torch.int64), minlength=c.numel())
-    return dict(zip(table_names, counts))
+    kjts = (b.sparse_features for b in batches)
+    return dict(zip(table_names, presample.count_ids((k.values().split(k.length_per_key()) for k in kjts), rows)))
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:

@@ -43,6 +43,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from torchrec_frugal.presample import count_ids
+
 SPLIT_NAMES = ("train", "valid", "test")
 COLUMNS = ("head", "relation", "tail")
 DATASETS = ("nations", "kinships", "umls", "ml100k-kg", "tsv", "synthetic")
@@ -118,8 +120,7 @@ class KGData:
     def entity_counts(self, split: str = "train") -> torch.Tensor:
         """Occurrences of each entity as head or tail in ``split``: int64 ``[num_entities]``
         (the access frequencies a hot-row cache is planned from)."""
-        x = getattr(self, split)
-        return torch.bincount(x[:, [0, 2]].reshape(-1), minlength=self.num_entities)
+        return count_ids([[getattr(self, split)[:, [0, 2]]]], [self.num_entities])[0]
 
     def summary(self) -> str:
         return (

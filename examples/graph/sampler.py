@@ -13,6 +13,8 @@ from typing import Dict, Iterator
 
 import torch
 
+from torchrec_frugal.presample import count_ids
+
 from examples.graph.models import ENTITY_TABLE, KGBatch, make_batch
 
 
@@ -89,9 +91,6 @@ class ChunkedNegativeSampler:
 
     def presample_counts(self, rank: int, steps: int) -> Dict[str, torch.Tensor]:
         """How often each entity is read in this rank's first ``steps`` batches (Frugal's hot rows)."""
-        counts = torch.zeros(self.num_entities, dtype=torch.float64)
-        for batch in self.batches(rank, steps):
-            ids = batch.entities.values()
-            counts += torch.bincount(ids, minlength=self.num_entities).to(torch.float64)
-        return {ENTITY_TABLE: counts}
+        counts = count_ids(([b.entities.values()] for b in self.batches(rank, steps)), [self.num_entities])
+        return {ENTITY_TABLE: counts[0]}
 

@@ -39,7 +39,7 @@ $(STAMP): requirements-cpu.txt setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m torchrec_frugal.demo
+	$(PY) examples/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -x -q tests

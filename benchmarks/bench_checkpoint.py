@@ -19,11 +19,10 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -66,10 +65,8 @@ class PeakSampler:
         self._thread.join()
 
 
-def _rank(rank: int, world: int, port: int, args: argparse.Namespace, directory: str, out: "mp.Queue") -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank: int, world: int, args: argparse.Namespace, directory: str) -> Optional[Dict[str, Any]]:
+    """Save and load ``--repeats`` times; rank 0 returns the timings and peaks (medians)."""
     import torch.distributed.checkpoint as dcp
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torch import nn
@@ -127,14 +124,13 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, directory:
     for _ in range(args.repeats):
         phase("save", save)
         phase("load", load)
-    if sampler:
-        sampler.stop()
-        for key in [k for k in result if k.endswith("_runs")]:
-            result[key[: -len("_runs")]] = statistics.median(result[key])
-        result["table_bytes"] = sum(rows) * (args.dim + 1) * 4
-        out.put(result)
-    dist.barrier()
-    dist.destroy_process_group()
+    if not sampler:
+        return None
+    sampler.stop()
+    for key in [k for k in result if k.endswith("_runs")]:
+        result[key[: -len("_runs")]] = statistics.median(result[key])
+    result["table_bytes"] = sum(rows) * (args.dim + 1) * 4
+    return result
 
 
 def main(argv: List[str] | None = None) -> Dict[str, Any]:
@@ -147,25 +143,12 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     p.add_argument("--dir", default=None, help="where the checkpoint goes (default: a temporary directory, removed)")
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args(argv)
-    from torchrec_frugal.test_utils import free_port
+    from torchrec_frugal.test_utils import run_ranks
 
     directory = args.dir or tempfile.mkdtemp(prefix="frugal_ckpt_bench_")
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, args.ranks, port, args, directory, out)) for r in range(args.ranks)]
     try:
-        for pr in procs:
-            pr.start()
-        result = out.get(timeout=3600)
-        for pr in procs:
-            pr.join(timeout=600)
-            if pr.exitcode != 0:
-                raise SystemExit(f"rank process exited with {pr.exitcode}")
+        result = run_ranks(args.ranks, _rank, args, directory, timeout=3600, pg_timeout_s=1800)[0]
     finally:
-        for pr in procs:
-            if pr.is_alive():
-                pr.kill()
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)
     gib = 2**30

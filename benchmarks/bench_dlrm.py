@@ -38,19 +38,16 @@ import json
 import os
 import platform
 import shlex
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-try:
-    from torchrec_frugal.demo import TrainRunError, find_train_script, run_train
-except ImportError:  # not installed: use the checkout this script sits in
-    sys.path.insert(0, str(ROOT))
-    from torchrec_frugal.demo import TrainRunError, find_train_script, run_train
+sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+
+from examples.demo import TrainRunError, find_train_script, run_train  # noqa: E402
+from torchrec_frugal.test_utils import git_state, machine_busy_s, median_or_nan  # noqa: E402
 
 MAIN_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 STOCK = ("table_wise", "row_wise")
@@ -178,11 +175,6 @@ def schedule(n_variants: int, repeats: int) -> List[tuple[int, int]]:
 
 
 # ---------------------------------------------------------------------------- statistics
-def _med(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x is not None and x == x]
-    return statistics.median(xs) if xs else float("nan")
-
-
 def summarize(variants: List[Dict[str, Any]], runs: List[Dict[str, Any]], world: int) -> Dict[str, Dict[str, Any]]:
     """Per variant: medians over repetitions, and ratios against the best stock sharding and the
     perfect-scaling bound (W x alone) of the same batch size; ``*_paired`` ratios are medians over
@@ -201,16 +193,16 @@ def summarize(variants: List[Dict[str, Any]], runs: List[Dict[str, Any]], world:
             "label": v["label"], "kind": v["kind"], "batch_size": v["batch_size"], "nproc": v["nproc"],
             "ablations": v["ablations"], "lookahead": v.get("lookahead"), "cache_ratio": v.get("cache_ratio"),
             "queue": v.get("queue"), "flush_workers": v.get("flush_workers"), "runs": len(rs),
-            "samples_per_second": _med(sps),
+            "samples_per_second": median_or_nan(sps),
             "samples_per_second_min": min(sps) if sps else float("nan"),
             "samples_per_second_max": max(sps) if sps else float("nan"),
-            "gate_stall_fraction": _med([s["gate_stall_fraction"] for s in rs]),
-            "loss": _med([s["loss"] for s in rs]),
-            "auc": _med([s["auc"] for s in rs]),
-            "cache_hit_ratio": _med([f["cache_hit_ratio"] for f in fr]) if fr else None,
-            "rows_flushed_per_step": _med([s["frugal"]["rows_flushed"] / s["steps"] for s in with_fr]) if fr else None,
-            "wall_s": _med([s["wall_s"] for s in rs]),
-            "foreign_cpu_share": _med([s.get("foreign_cpu_share") for s in rs]),
+            "gate_stall_fraction": median_or_nan([s["gate_stall_fraction"] for s in rs]),
+            "loss": median_or_nan([s["loss"] for s in rs]),
+            "auc": median_or_nan([s["auc"] for s in rs]),
+            "cache_hit_ratio": median_or_nan([f["cache_hit_ratio"] for f in fr]) if fr else None,
+            "rows_flushed_per_step": median_or_nan([s["frugal"]["rows_flushed"] / s["steps"] for s in with_fr]) if fr else None,
+            "wall_s": median_or_nan([s["wall_s"] for s in rs]),
+            "foreign_cpu_share": median_or_nan([s.get("foreign_cpu_share") for s in rs]),
             "steps": v["steps"],
             "command": rs[0]["command"] if rs else None,
         }  # fmt: skip
@@ -237,9 +229,9 @@ def summarize(variants: List[Dict[str, Any]], runs: List[Dict[str, Any]], world:
                     paired_perfect.append(s["samples_per_second"] / (world * by[alone[0]][rep]["samples_per_second"]))
                 if frug and rep in by[frug[0]]:
                     paired_frugal.append(s["samples_per_second"] / by[frug[0]][rep]["samples_per_second"])
-            o["vs_best_stock_paired"] = _med(paired_stock) if paired_stock else None
-            o["vs_perfect_paired"] = _med(paired_perfect) if paired_perfect else None
-            o["vs_frugal_paired"] = _med(paired_frugal) if paired_frugal else None
+            o["vs_best_stock_paired"] = median_or_nan(paired_stock) if paired_stock else None
+            o["vs_perfect_paired"] = median_or_nan(paired_perfect) if paired_perfect else None
+            o["vs_frugal_paired"] = median_or_nan(paired_frugal) if paired_frugal else None
     return out
 
 
@@ -257,30 +249,47 @@ def is_default_frugal(o: Dict[str, Any]) -> bool:
             and o["queue"] == "two_level" and o.get("flush_workers", DEFAULT_FLUSHERS) == DEFAULT_FLUSHERS)  # fmt: skip
 
 
+def _variant_table(
+    title: str,
+    columns: Sequence[str],
+    align: str,
+    rows: Sequence[Dict[str, Any]],
+    lead: Callable[[Dict[str, Any]], List[str]],
+    figures: Callable[[Dict[str, Any]], List[str]],
+) -> List[str]:
+    """A markdown table of variants: each row's ``lead`` cells, then its ``figures``, or "failed"
+    and empty cells where no run of it succeeded."""
+    out = [f"\n{title}:\n", "| " + " | ".join(columns) + " |", align]
+    for o in rows:
+        cells = lead(o)
+        if o["runs"]:
+            out.append("| " + " | ".join(cells + figures(o)) + " |")
+        else:
+            out.append("| " + " | ".join(cells + ["failed"]) + " |" + " |" * (len(columns) - len(cells) - 1))
+    return out
+
+
 def markdown_tables(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any]], world: int) -> str:
     lines: List[str] = []
     for b in sorted({v["batch_size"] for v in variants}, reverse=True):
         ids = [v["id"] for v in variants if v["batch_size"] == b and (v["kind"] != "frugal" or is_default_frugal(med[v["id"]]))]
         if not ids:
             continue
-        lines += [f"\nbatch {b} per rank, {world} ranks:\n",
-                  "| variant | ranks | samples/s (median) | min-max | vs best stock | vs best stock (paired) "
-                  "| vs perfect scaling | vs perfect (paired) | gate stall | loss | AUC | cache hits | wall s/run | other load |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-        for i in ids:
-            o = med[i]
-            if not o["runs"]:
-                lines.append(f"| {o['label']} | {o['nproc']} | failed | | | | | | | | | | | |")
-                continue
-            lines.append(
-                f"| {o['label']} | {o['nproc']} | {o['samples_per_second']:,.0f} | {o['samples_per_second_min']:,.0f}-"
-                f"{o['samples_per_second_max']:,.0f} | {_x(o['vs_best_stock'])} | {_x(o['vs_best_stock_paired'])} "
-                f"| {_x(o['vs_perfect'])} | {_x(o['vs_perfect_paired'])} | "
-                + (_pct(o["gate_stall_fraction"]) if o["kind"] == "frugal" else "-")
-                + f" | {o['loss']:.4f} | {o['auc']:.4f} | "
-                + (_pct(o["cache_hit_ratio"]) if o["cache_hit_ratio"] is not None else "-")
-                + f" | {o['wall_s']:.0f} | {_pct(o['foreign_cpu_share'])} |"
-            )
+        lines += _variant_table(
+            f"batch {b} per rank, {world} ranks",
+            ["variant", "ranks", "samples/s (median)", "min-max", "vs best stock", "vs best stock (paired)",
+             "vs perfect scaling", "vs perfect (paired)", "gate stall", "loss", "AUC", "cache hits", "wall s/run", "other load"],
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            [med[i] for i in ids],
+            lambda o: [o["label"], str(o["nproc"])],
+            lambda o: [
+                f"{o['samples_per_second']:,.0f}", f"{o['samples_per_second_min']:,.0f}-{o['samples_per_second_max']:,.0f}",
+                _x(o["vs_best_stock"]), _x(o["vs_best_stock_paired"]), _x(o["vs_perfect"]), _x(o["vs_perfect_paired"]),
+                _pct(o["gate_stall_fraction"]) if o["kind"] == "frugal" else "-", f"{o['loss']:.4f}", f"{o['auc']:.4f}",
+                _pct(o["cache_hit_ratio"]) if o["cache_hit_ratio"] is not None else "-", f"{o['wall_s']:.0f}",
+                _pct(o["foreign_cpu_share"]),
+            ],
+        )  # fmt: skip
         perfect = next((med[i]["perfect_scaling_samples_per_second"] for i in ids if med[i].get("perfect_scaling_samples_per_second")), None)
         if perfect:
             lines.append(f"| perfect scaling ({world} x alone) | {world} | {perfect:,.0f} | | | | 1.00x | | | | | | | |")
@@ -289,21 +298,19 @@ def markdown_tables(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any
         b0 = variants[0]["batch_size"]  # the main batch size: the single-knob ablations run there
         ids = [v["id"] for v in variants if v["batch_size"] == b0 and (tag in v["ablations"] or is_default_frugal(med[v["id"]]))]
         ids = sorted(ids, key=lambda i: (med[i]["lookahead"], med[i]["cache_ratio"], med[i]["queue"], med[i]["flush_workers"]))
-        lines += [f"\nablation `{tag}` (batch {med[ids[0]]['batch_size']} per rank):\n",
-                  "| variant | L | cache ratio | queue | samples/s (median) | min-max | vs frugal L=10 (paired) "
-                  "| vs best stock | vs perfect scaling | gate stall | cache hits | rows flushed/step | AUC |",
-                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-        for i in ids:
-            o = med[i]
-            if not o["runs"]:
-                lines.append(f"| {o['label']} | {o['lookahead']} | {o['cache_ratio']:g} | {o['queue']} | failed | | | | | | | | |")
-                continue
-            lines.append(
-                f"| {o['label']} | {o['lookahead']} | {o['cache_ratio']:g} | {o['queue']} | {o['samples_per_second']:,.0f} "
-                f"| {o['samples_per_second_min']:,.0f}-{o['samples_per_second_max']:,.0f} | {_x(o['vs_frugal_paired'])} "
-                f"| {_x(o['vs_best_stock'])} | {_x(o['vs_perfect'])} | {_pct(o['gate_stall_fraction'])} "
-                f"| {_pct(o['cache_hit_ratio'])} | {o['rows_flushed_per_step']:,.0f} | {o['auc']:.4f} |"
-            )
+        lines += _variant_table(
+            f"ablation `{tag}` (batch {med[ids[0]]['batch_size']} per rank)",
+            ["variant", "L", "cache ratio", "queue", "samples/s (median)", "min-max", "vs frugal L=10 (paired)",
+             "vs best stock", "vs perfect scaling", "gate stall", "cache hits", "rows flushed/step", "AUC"],
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            [med[i] for i in ids],
+            lambda o: [o["label"], str(o["lookahead"]), f"{o['cache_ratio']:g}", o["queue"]],
+            lambda o: [
+                f"{o['samples_per_second']:,.0f}", f"{o['samples_per_second_min']:,.0f}-{o['samples_per_second_max']:,.0f}",
+                _x(o["vs_frugal_paired"]), _x(o["vs_best_stock"]), _x(o["vs_perfect"]), _pct(o["gate_stall_fraction"]),
+                _pct(o["cache_hit_ratio"]), f"{o['rows_flushed_per_step']:,.0f}", f"{o['auc']:.4f}",
+            ],
+        )  # fmt: skip
     return "\n".join(lines).lstrip("\n")
 
 
@@ -327,17 +334,6 @@ def goal_lines(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any]]) -
 
 
 # ---------------------------------------------------------------------------- driver
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "torchrec_frugal", "examples"],
-                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2, help="ranks W of the multi-rank variants")
@@ -373,21 +369,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _load_s() -> float:
-    from torchrec_frugal.demo import _machine_busy_s
-
-    return _machine_busy_s()
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     train_py = find_train_script(args.train or str(ROOT / "examples" / "dlrm" / "train.py"))
     variants, skipped = build_plan(args, train_py)
     order = schedule(len(variants), args.repeats)
+    commit = git_state(ROOT, ("torchrec_frugal", "examples"))
     for note in skipped:
         print(f"[bench_dlrm] {note}", file=sys.stderr)
     print(f"[bench_dlrm] {len(variants)} variants x {args.repeats} repetitions = {len(order)} runs; "
-          f"{args.threads} thread(s) per rank; {os.cpu_count()} CPUs; train.py at {git_state()}", flush=True)  # fmt: skip
+          f"{args.threads} thread(s) per rank; {os.cpu_count()} CPUs; train.py at {commit}", flush=True)  # fmt: skip
     if args.dry_run:
         for v in variants:
             print(f"  {v['id']:<16} torchrun --standalone --nproc_per_node={v['nproc']} examples/dlrm/train.py "
@@ -399,7 +390,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     runs: List[Dict[str, Any]] = []
     load_before = os.getloadavg()
-    busy0, t0 = _load_s(), time.perf_counter()
+    busy0, t0 = machine_busy_s(), time.perf_counter()
     bar = tqdm(order, unit="run", dynamic_ncols=True, desc="bench_dlrm")
     for k, (rep, vi) in enumerate(bar):
         v = variants[vi]
@@ -422,7 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runs.append(rec)
     bar.close()
     elapsed = time.perf_counter() - t0
-    busy = _load_s() - busy0
+    busy = machine_busy_s() - busy0
     own = sum(r["summary"]["run_cpu_s"] for r in runs if r.get("summary"))
     load = {"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "foreign_cpu_share": max(0.0, busy - own) / (elapsed * (os.cpu_count() or 1)) if busy else None}  # fmt: skip
@@ -434,7 +425,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"{elapsed:.0f} s wall")  # fmt: skip
     result: Dict[str, Any] = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "train_commit": git_state(),
+        "train_commit": commit,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "wall_s": elapsed, "machine_load": load, "skipped": skipped,
         "variants": variants, "runs": runs, "medians": med,
@@ -450,7 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "| sharder | steps/rank | loss | AUC (last window) | AUC (first window) | samples/s |\n|---|---:|---:|---:|---:|---:|\n"
             + "\n".join(
                 f"| {o['label']} | {steps} | {o['loss']:.4f} | {o['auc']:.4f} | "
-                f"{_med([r['summary']['auc_first_window'] for r in runs if r.get('summary') and r['variant'] == i]):.4f} "
+                f"{median_or_nan([r['summary']['auc_first_window'] for r in runs if r.get('summary') and r['variant'] == i]):.4f} "
                 f"| {o['samples_per_second']:,.0f} |"
                 for i, o in (("frugal", f), ("table_wise", t))
             )

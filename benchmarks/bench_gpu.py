@@ -42,21 +42,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import time
-import traceback
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, Iterable, List, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -65,23 +60,11 @@ from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noq
 from torchrec_frugal.device import HostTables, Streams, plan_lookup  # noqa: E402
 from torchrec_frugal.engine import FrugalEngine  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
+from torchrec_frugal.test_utils import median_s, run_ranks  # noqa: E402
 from torchrec_frugal.workload import ZipfWorkload  # noqa: E402
 
 
-# ---------------------------------------------------------------------------------------------- timing
-def _median_s(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
+# ---------------------------------------------------------------------------------------------- host table
 def _host_table(rows: int, dim: int) -> shm.SharedSegment:
     layout = shm.Layout([shm.Field("weights", torch.float32, (rows, dim))])
     seg = shm.SharedSegment.create(f"{shm.PREFIX}{shm.new_run_id()}_bench", layout)
@@ -109,9 +92,9 @@ def bench_paths(table_bytes: int, n_rows: int, dims: List[int], reps: int) -> Di
         rows_dev = rows.to(dev)
         nbytes = n_rows * dim * 4
         times = {
-            "zero_copy": _median_s(lambda: zc.read("weights", rows, rows_dev), reps),
-            "pinned": _median_s(lambda: pinned.read("weights", rows), reps),
-            "device": _median_s(lambda: on_device.index_select(0, rows_dev), reps),
+            "zero_copy": median_s(lambda: zc.read("weights", rows, rows_dev), reps, sync=torch.cuda.synchronize),
+            "pinned": median_s(lambda: pinned.read("weights", rows), reps, sync=torch.cuda.synchronize),
+            "device": median_s(lambda: on_device.index_select(0, rows_dev), reps, sync=torch.cuda.synchronize),
         }
         for path, t in times.items():
             gather.append({"dim": dim, "rows": n_rows, "path": path, "ms": t * 1e3, "gb_s": nbytes / t / 1e9})
@@ -129,7 +112,7 @@ def bench_paths(table_bytes: int, n_rows: int, dims: List[int], reps: int) -> Di
                     done = streams.mark()
                 done.synchronize()
 
-            t = _median_s(one_flush, reps)
+            t = median_s(one_flush, reps, sync=torch.cuda.synchronize)
             flush.append({"dim": dim, "rows": n_rows, "path": path, "ms": t * 1e3, "rows_s": n_rows / t, "gb_s": nbytes / t / 1e9})
         assert torch.equal(seg["weights"][uniq[:100]], src[:100].cpu()), "flush did not land in host memory"
         zc.close()
@@ -171,7 +154,7 @@ def bench_reads(table_bytes: int, dim: int, counts: List[int], reps: int) -> Dic
 
             for order, fn in (("as_is", as_is), ("distinct_sorted", ordered)):
                 assert torch.equal(fn()[:1000].cpu(), want), f"{path} {order} read wrong rows"
-                t = _median_s(fn, reps)
+                t = median_s(fn, reps, sync=torch.cuda.synchronize)
                 out.append({"ids": n, "distinct": distinct, "path": path, "order": order, "ms": t * 1e3,
                             "gb_s_distinct": distinct * dim * 4 / t / 1e9})
     zc = paths["zero_copy"]
@@ -247,41 +230,13 @@ def _gate_rank(rank: int, world: int, mode: Dict[str, Any], steps: int, batch: i
     }
 
 
-def _worker(rank: int, world: int, port: int, modes: List[Dict[str, Any]], args: tuple, out: "mp.Queue") -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
-        res = [_gate_rank(rank, world, m, *args) for m in modes]
-        out.put((rank, "ok", res))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        out.put((rank, "error", traceback.format_exc()))
-        raise
+def _gate_modes(rank: int, world: int, modes: List[Dict[str, Any]], steps: int, batch: int, warmup: int) -> List[Dict[str, float]]:
+    """This rank's figures of every mode, in one process group."""
+    return [_gate_rank(rank, world, m, steps, batch, warmup) for m in modes]
 
 
 def bench_gate(world: int, modes: List[Dict[str, Any]], steps: int, batch: int, warmup: int) -> List[Dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [ctx.Process(target=_worker, args=(r, world, port, modes, (steps, batch, warmup), out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    by_rank: Dict[int, Any] = {}
-    try:
-        for _ in range(world):
-            rank, status, payload = out.get(timeout=600)
-            if status != "ok":
-                raise RuntimeError(f"rank {rank} failed:\n{payload}")
-            by_rank[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    by_rank = run_ranks(world, _gate_modes, modes, steps, batch, warmup, timeout=600, pg_timeout_s=300)
     rows = []
     for i, m in enumerate(modes):
         per_rank = [by_rank[r][i] for r in range(world)]
@@ -296,7 +251,7 @@ DLRM_RUNS = "1x4096x10,2x4096x10,2x4096x0,4x4096x10,4x4096x0,1x1024x10,2x1024x10
 
 def bench_dlrm(runs: str, scale: float, steps: int) -> List[Dict[str, Any]]:
     """The DLRM example on this GPU, one run per ``RANKSxBATCHxL`` entry, in the order given."""
-    from torchrec_frugal.demo import find_train_script, run_train
+    from examples.demo import find_train_script, run_train
 
     train_py = find_train_script(str(Path(__file__).resolve().parents[1] / "examples" / "dlrm" / "train.py"))
     out = []
@@ -366,107 +321,88 @@ def render(results: Dict[str, Any], tests_tsv: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _md_table(intro: Sequence[str], columns: Sequence[str], rows: Iterable[Sequence[str]]) -> List[str]:
+    """A section of the report: a blank line, the ``intro`` lines, a blank line, then a markdown table."""
+    return ["", *intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(r) + " |" for r in rows)]  # fmt: skip
+
+
 def _render_dlrm(runs: List[Dict[str, Any]]) -> List[str]:
-    lines = [
-        "",
-        f"## The DLRM example on this GPU: synthetic criteo-kaggle ({runs[0]['rows']:,} rows, dim 32), ranks sharing the GPU",
-        "",
-        "samples/s of all ranks after 20 warm-up steps; step = batch x ranks / rate; engine = the training thread's time",
-        "in the engine per step, by phase (the rest of a step: the model, TorchRec's pipeline and the waits);",
-        "rate min-max over 50-step intervals (the swings).",
-        "",
-        "| ranks | batch/rank | L | samples/s | step ms | " + " | ".join(PHASES) + " | gate stall | exchange wait | rate min-max | hit ratio |",
-        "|---|---|---|---|---|" + "---|" * (len(PHASES) + 4),
-    ]
-    lines += [
-        f"| {r['ranks']} | {r['batch']} | {r['lookahead']} | {r['samples_per_second']:,.0f} | {r['step_ms']:.2f} | "
-        + " | ".join(f"{r['engine_ms_per_step'].get(k, 0.0):.2f}" for k in PHASES)
-        + f" | {100 * r['gate_stall_fraction']:.1f}% | {100 * r['exchange_wait_fraction']:.0f}% | "
-        f"{r['rate_min']:,.0f}-{r['rate_max']:,.0f} | {r['cache_hit_ratio']:.2f} |"
-        for r in runs
-    ]
-    return lines
+    return _md_table(
+        [f"## The DLRM example on this GPU: synthetic criteo-kaggle ({runs[0]['rows']:,} rows, dim 32), ranks sharing the GPU",
+         "",
+         "samples/s of all ranks after 20 warm-up steps; step = batch x ranks / rate; engine = the training thread's time",
+         "in the engine per step, by phase (the rest of a step: the model, TorchRec's pipeline and the waits);",
+         "rate min-max over 50-step intervals (the swings)."],
+        ["ranks", "batch/rank", "L", "samples/s", "step ms", *PHASES, "gate stall", "exchange wait", "rate min-max", "hit ratio"],
+        ([str(r["ranks"]), str(r["batch"]), str(r["lookahead"]), f"{r['samples_per_second']:,.0f}", f"{r['step_ms']:.2f}",
+          *(f"{r['engine_ms_per_step'].get(k, 0.0):.2f}" for k in PHASES), f"{100 * r['gate_stall_fraction']:.1f}%",
+          f"{100 * r['exchange_wait_fraction']:.0f}%", f"{r['rate_min']:,.0f}-{r['rate_max']:,.0f}", f"{r['cache_hit_ratio']:.2f}"]
+         for r in runs),
+    )  # fmt: skip
 
 
 def _render_reads(r: Dict[str, Any]) -> List[str]:
-    lines = [
-        "",
-        f"## Host reads of a step: Zipf(1.2) ids from a {r['table_bytes'] / 2**30:.1f} GiB table, dim {r['dim']}",
-        "",
-        "`as_is`: every id read where it stands (duplicates and all). `distinct_sorted`: each distinct row once, in",
-        "row order, then expanded on the device (the engine's order; host-side planning included). GB/s of distinct",
-        "rows.",
-        "",
-        "| ids | distinct | path | order | ms | GB/s (distinct) |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [f"| {x['ids']} | {x['distinct']} | {x['path']} | {x['order']} | {x['ms']:.3f} | {x['gb_s_distinct']:.1f} |"
-              for x in r["reads"]]
-    lines += ["", "Calibration of `host_path=\"auto\"` on this machine (ms per call; the faster path is used at that size):", "",
-              "| rows | read zero_copy | read pinned | write zero_copy | write pinned |", "|---|---|---|---|---|"]
-    lines += [f"| {int(c['rows'])} | {c['read_zero_copy_s'] * 1e3:.3f} | {c['read_pinned_s'] * 1e3:.3f} | "
-              f"{c['write_zero_copy_s'] * 1e3:.3f} | {c['write_pinned_s'] * 1e3:.3f} |" for c in r["calibration"]]
-    return lines
+    reads = _md_table(
+        [f"## Host reads of a step: Zipf(1.2) ids from a {r['table_bytes'] / 2**30:.1f} GiB table, dim {r['dim']}",
+         "",
+         "`as_is`: every id read where it stands (duplicates and all). `distinct_sorted`: each distinct row once, in",
+         "row order, then expanded on the device (the engine's order; host-side planning included). GB/s of distinct",
+         "rows."],
+        ["ids", "distinct", "path", "order", "ms", "GB/s (distinct)"],
+        ([str(x["ids"]), str(x["distinct"]), x["path"], x["order"], f"{x['ms']:.3f}", f"{x['gb_s_distinct']:.1f}"]
+         for x in r["reads"]),
+    )  # fmt: skip
+    calibration = _md_table(
+        ["Calibration of `host_path=\"auto\"` on this machine (ms per call; the faster path is used at that size):"],
+        ["rows", "read zero_copy", "read pinned", "write zero_copy", "write pinned"],
+        ([str(int(c["rows"])), *(f"{c[k] * 1e3:.3f}" for k in ("read_zero_copy_s", "read_pinned_s", "write_zero_copy_s", "write_pinned_s"))]
+         for c in r["calibration"]),
+    )  # fmt: skip
+    return reads + calibration
 
 
 def _render_paths(p: Dict[str, Any]) -> List[str]:
-    lines = [
-        "",
-        f"## Host reads: gather of random rows from a {p['table_bytes'] / 2**30:.1f} GiB table",
-        "",
-        "`zero_copy`: one index_select kernel on the mapped host table (reads over PCIe). `pinned`: host gather into",
-        "page-locked memory, then one asynchronous copy. `device`: the same table in device memory (ceiling).",
-        "`register`: cudaHostRegister of the whole table (once per engine).",
-        "",
-        "| dim | rows | path | ms | GB/s |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [f"| {g['dim']} | {g['rows']} | {g['path']} | {g['ms']:.3f} | {g['gb_s']:.1f} |" for g in p["gather"]]
-    lines += [
-        "",
-        "## Flushes: distinct rows from device memory to the host table, on the flush stream",
-        "",
-        "| dim | rows | path | ms | Mrows/s | GB/s |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {x['dim']} | {x['rows']} | {x['path']} | {x['ms']:.3f} | {x['rows_s'] / 1e6:.2f} | {x['gb_s']:.1f} |"
-        for x in p["flush"]
-    ]
-    return lines
+    gather = _md_table(
+        [f"## Host reads: gather of random rows from a {p['table_bytes'] / 2**30:.1f} GiB table",
+         "",
+         "`zero_copy`: one index_select kernel on the mapped host table (reads over PCIe). `pinned`: host gather into",
+         "page-locked memory, then one asynchronous copy. `device`: the same table in device memory (ceiling).",
+         "`register`: cudaHostRegister of the whole table (once per engine)."],
+        ["dim", "rows", "path", "ms", "GB/s"],
+        ([str(g["dim"]), str(g["rows"]), g["path"], f"{g['ms']:.3f}", f"{g['gb_s']:.1f}"] for g in p["gather"]),
+    )  # fmt: skip
+    flush = _md_table(
+        ["## Flushes: distinct rows from device memory to the host table, on the flush stream"],
+        ["dim", "rows", "path", "ms", "Mrows/s", "GB/s"],
+        ([str(x["dim"]), str(x["rows"]), x["path"], f"{x['ms']:.3f}", f"{x['rows_s'] / 1e6:.2f}", f"{x['gb_s']:.1f}"]
+         for x in p["flush"]),
+    )  # fmt: skip
+    return gather + flush
 
 
 def _render_gate(gate: List[Dict[str, Any]]) -> List[str]:
-    lines = [
-        "",
-        f"## Gate stall per step: ranks sharing one GPU, DLRM-like step, tables {TABLE_ROWS} x dim {DIM}, Zipf 1.2, cache 5%",
-        "",
-        "Means over timed steps, averaged over ranks. Exchange wait: apply_gradients waiting for every rank's gradients.",
-        "",
-        "| ranks | batch/rank | L | host path | step ms | gate wait ms (mean / p90) | stall | exchange wait ms | rows flushed/step | hit ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['world']} | {r['batch']} | {r['lookahead']} | {r['host_path']} | {r['step_ms_mean']:.2f} | "
-        f"{r['gate_wait_ms_mean']:.3f} / {r['gate_wait_ms_p90']:.3f} | {100 * r['gate_stall_fraction']:.1f}% | "
-        f"{r['exchange_wait_ms_mean']:.2f} | {r['rows_flushed_per_step']:.0f} | {r['cache_hit_ratio']:.2f} |"
-        for r in gate
-    ]
-    lines += [
-        "",
-        "Where a step's time goes (ms per step, training thread): the engine's phases from `StepMetrics.phase_s`,",
-        "the two waits, and dense = wall time per step minus all of those (the model's forward and backward).",
-        "",
-        "| ranks | L | host path | wall ms | " + " | ".join(PHASES) + " | gate wait | exchange wait | dense |",
-        "|---|---|---|---|" + "---|" * (len(PHASES) + 3),
-    ]
-    lines += [
-        f"| {r['world']} | {r['lookahead']} | {r['host_path']} | {r['wall_ms_per_step']:.2f} | "
-        + " | ".join(f"{r[k + '_ms']:.2f}" for k in PHASES)
-        + f" | {r['gate_wait_ms_mean']:.2f} | {r['exchange_wait_ms_mean']:.2f} | {r['dense_ms']:.2f} |"
-        for r in gate
-    ]
-    return lines
+    stall = _md_table(
+        [f"## Gate stall per step: ranks sharing one GPU, DLRM-like step, tables {TABLE_ROWS} x dim {DIM}, Zipf 1.2, cache 5%",
+         "",
+         "Means over timed steps, averaged over ranks. Exchange wait: apply_gradients waiting for every rank's gradients."],
+        ["ranks", "batch/rank", "L", "host path", "step ms", "gate wait ms (mean / p90)", "stall", "exchange wait ms",
+         "rows flushed/step", "hit ratio"],
+        ([str(r["world"]), str(r["batch"]), str(r["lookahead"]), r["host_path"], f"{r['step_ms_mean']:.2f}",
+          f"{r['gate_wait_ms_mean']:.3f} / {r['gate_wait_ms_p90']:.3f}", f"{100 * r['gate_stall_fraction']:.1f}%",
+          f"{r['exchange_wait_ms_mean']:.2f}", f"{r['rows_flushed_per_step']:.0f}", f"{r['cache_hit_ratio']:.2f}"]
+         for r in gate),
+    )  # fmt: skip
+    split = _md_table(
+        ["Where a step's time goes (ms per step, training thread): the engine's phases from `StepMetrics.phase_s`,",
+         "the two waits, and dense = wall time per step minus all of those (the model's forward and backward)."],
+        ["ranks", "L", "host path", "wall ms", *PHASES, "gate wait", "exchange wait", "dense"],
+        ([str(r["world"]), str(r["lookahead"]), r["host_path"], f"{r['wall_ms_per_step']:.2f}",
+          *(f"{r[k + '_ms']:.2f}" for k in PHASES), f"{r['gate_wait_ms_mean']:.2f}", f"{r['exchange_wait_ms_mean']:.2f}",
+          f"{r['dense_ms']:.2f}"]
+         for r in gate),
+    )  # fmt: skip
+    return stall + split
 
 
 def main() -> None:

@@ -28,18 +28,16 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-try:
-    from torchrec_frugal.demo import TrainRunError, run_train
-except ImportError:  # not installed: use the checkout this script sits in
-    sys.path.insert(0, str(ROOT))
-    from torchrec_frugal.demo import TrainRunError, run_train
+sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+
+from examples.demo import TrainRunError, run_train  # noqa: E402
+from torchrec_frugal.test_utils import median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "graph" / "train.py"
 SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
@@ -50,11 +48,6 @@ ACCURACY_ARGS: Dict[str, List[str]] = {
     "distmult": ["--dim", "400", "--regularization", "3e-3"],
     "transe_l1": ["--dim", "400", "--gamma", "12", "--adversarial-temperature", "1"],
 }
-
-
-def _med(xs: Sequence[Optional[float]]) -> float:
-    vals = [x for x in xs if x is not None and x == x]
-    return statistics.median(vals) if vals else float("nan")
 
 
 def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]:
@@ -119,7 +112,7 @@ def medians(variants: List[Tuple[str, int, List[str]]], runs: List[Dict[str, Any
     for name, nproc, _ in variants:
         rs = [r["summary"] for r in runs if r["variant"] == name and r.get("summary")]
         keys = ("samples_per_second", "mrr", "hits_at_1", "hits_at_3", "hits_at_10", "loss", "gate_stall_fraction")
-        out[name] = {"runs": len(rs), "nproc": nproc, **{k: _med([s[k] for s in rs]) for k in keys}}
+        out[name] = {"runs": len(rs), "nproc": nproc, **{k: median_or_nan([s[k] for s in rs]) for k in keys}}
         out[name]["samples_per_second_min"] = min((s["samples_per_second"] for s in rs), default=float("nan"))
         out[name]["samples_per_second_max"] = max((s["samples_per_second"] for s in rs), default=float("nan"))
         out[name]["command"] = rs[0]["command"] if rs else None
@@ -147,9 +140,9 @@ def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str,
             f"{o['samples_per_second_max']:,.0f} | {'-' if vs_best is None else f'{vs_best:.2f}x'} | "
             f"{'-' if vs_perfect is None else f'{vs_perfect:.2f}'} | {100 * o['gate_stall_fraction']:.1f}% |"
         )
-    facts = {"best_stock": best, "perfect_scaling": perfect, "frugal_vs_best_stock_paired": _med(paired) if paired else None}
+    facts = {"best_stock": best, "perfect_scaling": perfect, "frugal_vs_best_stock_paired": median_or_nan(paired) if paired else None}
     if paired:
-        lines.append(f"\nFrugal / best stock ({best}), median of per-repetition ratios: {_med(paired):.2f}x")
+        lines.append(f"\nFrugal / best stock ({best}), median of per-repetition ratios: {median_or_nan(paired):.2f}x")
     return "\n".join(lines), facts
 
 

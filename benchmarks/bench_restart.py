@@ -27,9 +27,7 @@ import os
 import platform
 import random
 import re
-import resource
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,21 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 from examples.checkpointing import KILL_ENV  # noqa: E402
 from torchrec_frugal.shm import list_segments, pid_alive  # noqa: E402
+from torchrec_frugal.test_utils import children_cpu_s, machine_busy_s, median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "dlrm" / "train.py"
 _UNIX_TIME = re.compile(r"at unix time ([0-9.]+)")
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds the machine spent busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def leaked_segments(before: Set[str]) -> List[str]:
@@ -84,7 +71,7 @@ def run(args: argparse.Namespace, kill: Optional[str]) -> Dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if k != KILL_ENV}
         env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", **({KILL_ENV: kill} if kill else {}))
         before = set(list_segments())
-        busy0, cpu0, t0 = _machine_busy_s(), _children_cpu_s(), time.time()
+        busy0, cpu0, t0 = machine_busy_s(), children_cpu_s(), time.time()
         arrivals: Dict[str, float] = {}
         lines: List[str] = []
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -103,7 +90,7 @@ def run(args: argparse.Namespace, kill: Optional[str]) -> Dict[str, Any]:
         rc = proc.wait(timeout=args.timeout)
         t_end = time.time()
         wall = t_end - t0
-        foreign = max(0.0, (_machine_busy_s() - busy0) - (_children_cpu_s() - cpu0)) / (wall * (os.cpu_count() or 1))
+        foreign = max(0.0, (machine_busy_s() - busy0) - (children_cpu_s() - cpu0)) / (wall * (os.cpu_count() or 1))
         if rc != 0:
             raise SystemExit(f"run with {KILL_ENV}={kill} exited {rc}: {shlex.join(cmd)}\n{''.join(lines)[-6000:]}")
         summary = json.loads((Path(tmp) / "summary.json").read_text())
@@ -120,11 +107,6 @@ def run(args: argparse.Namespace, kill: Optional[str]) -> Dict[str, Any]:
             kill_to_end_s=t_end - k,
         )
     return out
-
-
-def _med(xs: List[Optional[float]]) -> float:
-    vals = [x for x in xs if x is not None]
-    return statistics.median(vals) if vals else float("nan")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -171,16 +153,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         "config": {k: v for k, v in vars(args).items() if k != "json"},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "command": "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-        "uninterrupted_wall_s": _med([r["wall_s"] for r in runs["baseline"]]),
-        "interrupted_wall_s": _med([r["wall_s"] for r in t]),
-        "wall_cost_s_paired": _med([r["wall_s"] - b["wall_s"] for r, b in zip(t, runs["baseline"])]),
-        "kill_to_restarted_s": _med([r["kill_to_restarted_s"] for r in t]),
-        "kill_to_loaded_s": _med([r["kill_to_loaded_s"] for r in t]),
-        "kill_to_first_step_s": _med([r["kill_to_first_step_s"] for r in t]),
-        "kill_to_end_s": _med([r["kill_to_end_s"] for r in t]),
+        "uninterrupted_wall_s": median_or_nan([r["wall_s"] for r in runs["baseline"]]),
+        "interrupted_wall_s": median_or_nan([r["wall_s"] for r in t]),
+        "wall_cost_s_paired": median_or_nan([r["wall_s"] - b["wall_s"] for r, b in zip(t, runs["baseline"])]),
+        "kill_to_restarted_s": median_or_nan([r["kill_to_restarted_s"] for r in t]),
+        "kill_to_loaded_s": median_or_nan([r["kill_to_loaded_s"] for r in t]),
+        "kill_to_first_step_s": median_or_nan([r["kill_to_first_step_s"] for r in t]),
+        "kill_to_end_s": median_or_nan([r["kill_to_end_s"] for r in t]),
         "random_runs": len(runs["random"]),
         "random_kills_rank_0": sum(r["kill"].startswith("0:") for r in runs["random"]),
-        "random_first_step_s_median": _med([r["kill_to_first_step_s"] for r in runs["random"]]),
+        "random_first_step_s_median": median_or_nan([r["kill_to_first_step_s"] for r in runs["random"]]),
         "segments_left": left,
         "failures": failures,
         "max_foreign_cpu_share": max(r["foreign_cpu_share"] for rs in runs.values() for r in rs),

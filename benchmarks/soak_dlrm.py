@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
-try:
-    from torchrec_frugal.demo import find_train_script, run_train
-except ImportError:  # not installed: use the checkout this script sits in
-    sys.path.insert(0, str(ROOT))
-    from torchrec_frugal.demo import find_train_script, run_train
+sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+
+from examples.demo import find_train_script, run_train  # noqa: E402
 
 VARIANTS = {
     "frugal": ["--sharder", "frugal", "--lookahead", "10"],

@@ -109,9 +109,9 @@ def test_plot_from_json(tmp_path):
 
 
 def test_find_train_script_messages(tmp_path, monkeypatch):
-    from torchrec_frugal import demo
+    from examples import demo
 
-    assert demo.find_train_script() == TRAIN.resolve()  # from the checkout (cwd or beside the package)
+    assert demo.find_train_script() == TRAIN.resolve()  # the one beside the launcher
     with pytest.raises(SystemExit, match="examples/dlrm/train.py not found"):
         demo.find_train_script(str(tmp_path / "nope.py"))
 
@@ -136,7 +136,7 @@ FAKE_TRAIN = textwrap.dedent(
 
 
 def test_run_train_reads_summary_and_reports_failures(tmp_path):
-    from torchrec_frugal.demo import TrainRunError, run_train
+    from examples.demo import TrainRunError, run_train
 
     train = tmp_path / "examples" / "dlrm" / "train.py"
     train.parent.mkdir(parents=True)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+FACTS = {"gpu": "GPU-X", "driver": "1.0", "cuda_runtime": "13.0", "torch": "2.x", "python": "3.12", "date": "D"}
 
 
 def _bench():
@@ -28,7 +29,7 @@ def test_bench_refuses_without_cuda() -> None:
 def test_report_renders_every_section(tmp_path: Path) -> None:
     """Shape check of the markdown with placeholder values (never written to docs/)."""
     results = {
-        "facts": {"gpu": "GPU-X", "driver": "1.0", "cuda_runtime": "13.0", "torch": "2.x", "python": "3.12", "date": "D"},
+        "facts": FACTS,
         "paths": {
             "table_bytes": 1 << 30,
             "gather": [{"dim": 32, "rows": 10, "path": p, "ms": 1.0, "gb_s": 2.0} for p in ("zero_copy", "pinned", "device", "register")],
@@ -62,7 +63,7 @@ def test_report_renders_every_section(tmp_path: Path) -> None:
     assert md.count("| zero_copy |") >= 2 and "| 4 | 8 | 10 | zero_copy |" in md
 
 
-def test_dlrm_suite_runs_the_example_and_renders() -> None:
+def test_dlrm_suite_runs_the_example_and_renders(tmp_path: Path) -> None:
     """The dlrm suite's driving and report on CPU (tiny tables); on a GPU the same code runs on CUDA."""
     bench = _bench()
     runs = bench.bench_dlrm("1x64x2", scale=0.002, steps=60)
@@ -70,5 +71,7 @@ def test_dlrm_suite_runs_the_example_and_renders() -> None:
     assert (r["ranks"], r["batch"], r["lookahead"], r["steps"]) == (1, 64, 2, 60)
     assert r["samples_per_second"] > 0 and r["rate_min"] <= r["rate_max"] and len(r["intervals"]) == 1
     assert set(r["engine_ms_per_step"]) == set(bench.PHASES) and r["engine_ms_per_step"]["lookup"] > 0
-    md = "\n".join(bench._render_dlrm(runs))
+    tests = tmp_path / "tests.tsv"
+    tests.write_text("")
+    md = bench.render({"facts": FACTS, "dlrm": runs}, str(tests))
     assert "## The DLRM example on this GPU" in md and "| 1 | 64 | 2 | " in md

@@ -16,7 +16,7 @@ import torch
 
 from examples.graph.evaluate import published_range
 from examples.graph.models import KGEConfig, seeded_uniform_
-from torchrec_frugal.demo import run_train
+from examples.demo import run_train
 
 TRAIN_PY = Path(__file__).resolve().parents[1] / "examples" / "graph" / "train.py"
 SYNTHETIC = [

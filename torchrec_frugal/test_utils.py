@@ -128,3 +128,9 @@ def median_s(fn: Callable[[], object], reps: int, warmup: int = 3, sync: Callabl
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def median_or_nan(xs: Sequence[float | None]) -> float:
+    """Median of the figures of ``xs`` with None and NaN (a failed run, an undefined figure) left out; NaN if none is left."""
+    vals = [x for x in xs if x is not None and x == x]
+    return statistics.median(vals) if vals else float("nan")

@@ -5,20 +5,19 @@ default one: criteo-kaggle shape at scale 0.1, embedding dim 32, batch 1024 per 
 ``--sharder frugal`` and once with ``--sharder torchrec --sharding table_wise``, about half a
 minute each on a 2-core machine, then prints samples/s, loss, AUC and gate stall side by side.
 
-    python -m torchrec_frugal.demo                 # from the repository root (what `make demo` does)
-    python -m torchrec_frugal.demo --steps 60      # a quicker look
+    python examples/demo.py                 # what `make demo` does
+    python examples/demo.py --steps 60      # a quicker look
 
-The demo needs the repository checkout (``examples/`` is not part of the installed package).
+It lives beside the examples it runs, not in the installed package, which has no ``examples/``.
 
-``run_train`` (run train.py under torchrun, return its ``--summary`` JSON plus wall time and the
-machine's other load) is also what ``benchmarks/bench_dlrm.py`` uses.
+``run_train`` (run a train.py under torchrun, return its ``--summary`` JSON plus wall time and the
+machine's other load) is also what the benchmarks and the example tests run the examples with.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
 import shlex
 import subprocess
 import sys
@@ -28,6 +27,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+if __package__ in (None, ""):  # launched as a script: make `torchrec_frugal` of this checkout importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from torchrec_frugal.test_utils import children_cpu_s, machine_busy_s
+
 TRAIN_REL = Path("examples") / "dlrm" / "train.py"
 
 
@@ -36,35 +40,11 @@ class TrainRunError(RuntimeError):
 
 
 def find_train_script(explicit: Optional[str] = None) -> Path:
-    """examples/dlrm/train.py of the checkout: ``explicit``, else under the current directory, else
-    beside the package (an editable install of the checkout). Exits with a clear message if absent."""
-    if explicit:
-        candidates = [Path(explicit)]
-    else:
-        candidates = [Path.cwd() / TRAIN_REL, Path(__file__).resolve().parents[1] / TRAIN_REL]
-    for c in candidates:
-        if c.is_file():
-            return c.resolve()
-    raise SystemExit(
-        f"{TRAIN_REL} not found (looked at {', '.join(str(c) for c in candidates)}). The demo runs the DLRM "
-        "example of the repository checkout: run it from the repository root (`make demo`), or pass --train PATH."
-    )
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat (0 where there is none)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+    """``explicit``, else the examples/dlrm/train.py beside this file. Exits with a clear message if absent."""
+    candidate = Path(explicit) if explicit else Path(__file__).resolve().parent / "dlrm" / "train.py"
+    if candidate.is_file():
+        return candidate.resolve()
+    raise SystemExit(f"{TRAIN_REL} not found at {candidate}: pass --train PATH of the DLRM example's train.py.")
 
 
 def torchrun_command(train_py: Path, args: Sequence[str], nproc: int) -> List[str]:
@@ -105,7 +85,7 @@ def run_train(
         log = Path(log_path) if log_path else Path(tmp) / "run.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         timed_out = threading.Event()
-        busy0, cpu0, t0 = _machine_busy_s(), _children_cpu_s(), time.perf_counter()
+        busy0, cpu0, t0 = machine_busy_s(), children_cpu_s(), time.perf_counter()
         with open(log, "w") as logf:
             logf.write("$ " + shlex.join(cmd) + "\n")
             logf.flush()
@@ -138,8 +118,8 @@ def run_train(
             finally:
                 timer.cancel()
         wall = time.perf_counter() - t0
-        run_cpu = _children_cpu_s() - cpu0
-        busy = _machine_busy_s() - busy0
+        run_cpu = children_cpu_s() - cpu0
+        busy = machine_busy_s() - busy0
         if rc != 0 or not summary_path.is_file():
             tail = log.read_text(errors="replace")[-6000:]
             why = f"timed out after {timeout_s:.0f} s" if timed_out.is_set() else f"exit code {rc}"
@@ -166,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc_per_node)")
     p.add_argument("--batch-size", type=int, default=1024, help="per rank")
     p.add_argument("--config", default="criteo-kaggle")
-    p.add_argument("--train", default=None, help="path of examples/dlrm/train.py (default: found from the checkout)")
+    p.add_argument("--train", default=None, help="path of the DLRM example's train.py (default: examples/dlrm/train.py beside this file)")
     p.add_argument("--quiet", action="store_true", help="do not echo train.py's log lines")
     args = p.parse_args(argv)
     train_py = find_train_script(args.train)

@@ -317,7 +317,7 @@ def table_shapes(model_kind: str, table_rows: List[int] = TABLE_ROWS) -> List[Tu
 
 def frugal_lookups(dmp: nn.Module) -> List[Any]:
     """The frugal lookups of every sharded module (a sharded module keeps its lookups in a plain list)."""
-    from torchrec_frugal.torchrec.embeddingbag import FrugalShardedModuleMixin
+    from torchrec_frugal.torchrec.embedding_types import FrugalShardedModuleMixin
 
     return [lookup for m in dmp.modules() if isinstance(m, FrugalShardedModuleMixin) for lookup in m.frugal_lookups()]
 
@@ -515,8 +515,8 @@ def run_checks(world: int) -> Dict[str, Any]:
     # The forward of an announced batch reuses the rows computed when it was announced.
     computed: List[int] = []
     for lookup in ebc.frugal_lookups():
-        own = lookup._group_rows
-        lookup._group_rows = lambda f, own=own: computed.append(1) or own(f)  # type: ignore[method-assign]
+        own = lookup.group_rows
+        lookup.group_rows = lambda f, own=own: computed.append(1) or own(f)  # type: ignore[method-assign]
     FrugalTrainPipeline(dmp, optimizer, torch.device("cpu")).progress(source())
     seen["pipeline_read"] = len(read)
     seen["rows_computed_per_lookup"] = len(computed) / len(ebc.frugal_lookups())

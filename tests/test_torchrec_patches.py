@@ -20,7 +20,7 @@ from torchrec.distributed.planner.utils import build_sharder_data
 
 from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder, patches
 from torchrec_frugal.torchrec.checkpoint import row_blocks
-from torchrec_frugal.torchrec.sharding import FRUGAL
+from torchrec_frugal.torchrec.types import FRUGAL
 
 STOCK = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard"]
 

@@ -5,14 +5,14 @@ collective_plan is exercised by tests/test_torchrec_distributed.py.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.planner.types import CollectiveType
+from torchrec.distributed.planner.types import CollectiveType, ShardingOption
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
 from torchrec.distributed.types import ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
@@ -21,7 +21,7 @@ from torchrec_frugal.config import FrugalConfig
 from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder, FrugalEmbeddingCollectionSharder
 from torchrec_frugal.torchrec.checkpoint import row_blocks
 from torchrec_frugal.torchrec.planner import FrugalShardingPlanner, frugal
-from torchrec_frugal.torchrec.sharding import optimizer_spec
+from torchrec_frugal.torchrec.embedding_kernel import optimizer_spec
 from torchrec_frugal.torchrec.topology import CONSUMER_GPUS, consumer_pcie_topology
 
 ROWS = [1000, 5000, 200000, 30000]
@@ -50,9 +50,14 @@ def types(plan: ShardingPlan, path: str = EBC_PATH) -> Dict[str, str]:
 
 
 def plan_with(
-    topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None, config: Optional[FrugalConfig] = None
+    topology: Topology,
+    constraints: Optional[Dict[str, ParameterConstraints]] = None,
+    config: Optional[FrugalConfig] = None,
+    callbacks: Optional[List[Callable[[List[ShardingOption]], List[ShardingOption]]]] = None,
 ) -> "tuple[ShardingPlan, FrugalShardingPlanner]":
-    planner = FrugalShardingPlanner(topology=topology, batch_size=128, constraints=constraints, config=config)
+    planner = FrugalShardingPlanner(
+        topology=topology, batch_size=128, constraints=constraints, config=config, callbacks=callbacks
+    )
     return planner.plan(dlrm(), [FrugalEmbeddingBagCollectionSharder(fused_params=ADAGRAD)]), planner
 
 
@@ -103,11 +108,13 @@ def test_cache_ratio_is_sized_from_device_memory() -> None:
 
 
 def test_cached_rows_fit_in_what_the_topology_leaves() -> None:
-    plan, planner = plan_with(
-        Topology(world_size=4, compute_device="cuda", hbm_cap=int(2.5e6)), config=FrugalConfig(cache_ratio=0.2)
+    planned: List[List[ShardingOption]] = []  # the final plan, as TorchRec's callbacks see it
+    plan_with(
+        Topology(world_size=4, compute_device="cuda", hbm_cap=int(2.5e6)),
+        config=FrugalConfig(cache_ratio=0.2),
+        callbacks=[lambda best: planned.append(best) or best],
     )
-    best = planner._best_plan
-    assert best is not None
+    (best,) = planned
     for rank in range(4):
         used = sum(s.storage.hbm for so in best for s in so.shards if s.rank == rank)  # type: ignore[union-attr]
         assert used <= 2.5e6

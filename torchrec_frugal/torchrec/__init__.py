@@ -8,7 +8,7 @@ from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingC
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder, FrugalShardedEmbeddingBagCollection
 from .pipeline import FrugalTrainPipeline
 from .planner import FrugalShardingPlanner, frugal
-from .sharding import FRUGAL
+from .types import FRUGAL
 from .topology import CONSUMER_GPUS, consumer_pcie_topology
 
 patches.apply()

@@ -13,7 +13,6 @@ from torchrec.distributed.embedding import (
     ShardedEmbeddingCollection,
 )
 from torchrec.distributed.embedding_sharding import EmbeddingSharding, EmbeddingShardingInfo
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.sharding.sequence_sharding import SequenceShardingContext
 from torchrec.distributed.types import (
     ParameterSharding,
@@ -25,8 +24,9 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
-from .embeddingbag import FrugalShardedModuleMixin, customized_kernel_for_frugal
-from .sharding import FRUGAL, FrugalSequenceEmbeddingSharding
+from .embedding_types import FrugalShardedModuleMixin, FrugalSharderMixin, customized_kernel_for_frugal
+from .frugal_sharding import FrugalSequenceEmbeddingSharding
+from .types import FRUGAL
 
 # TorchRec's EmbeddingCollectionSharder offers these on every device.
 STOCK_SEQUENCE_SHARDING_TYPES: List[str] = [
@@ -41,6 +41,7 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
     """ShardedEmbeddingCollection whose "frugal" tables are served by Frugal engines."""
 
     _frugal_weight_prefix = "embeddings."
+    _frugal_sharding_type = FrugalSequenceEmbeddingSharding
 
     def __init__(
         self,
@@ -77,14 +78,7 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
         qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
     ) -> EmbeddingSharding[SequenceShardingContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]:
         if sharding_type == FRUGAL:
-            return FrugalSequenceEmbeddingSharding(
-                sharding_infos,
-                env,
-                device,
-                config=self._frugal_config,
-                presample_counts=self._frugal_presample_counts,
-                init_fns=self._frugal_init_fns,
-            )
+            return self._create_frugal_sharding(sharding_infos, env, device)
         return super().create_embedding_sharding(
             sharding_type=sharding_type,
             sharding_infos=sharding_infos,
@@ -94,12 +88,14 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
         )
 
 
-class FrugalEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+class FrugalEmbeddingCollectionSharder(FrugalSharderMixin, EmbeddingCollectionSharder):
     """EmbeddingCollectionSharder that also offers the ``"frugal"`` sharding type.
 
     Arguments as for :class:`~torchrec_frugal.torchrec.FrugalEmbeddingBagCollectionSharder`, plus
     TorchRec's ``use_index_dedup``.
     """
+
+    _stock_sharding_types = STOCK_SEQUENCE_SHARDING_TYPES
 
     def __init__(
         self,
@@ -110,12 +106,7 @@ class FrugalEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         presample_counts: Optional[Dict[str, torch.Tensor]] = None,
     ) -> None:
         super().__init__(fused_params, qcomm_codecs_registry, use_index_dedup)
-        self._config = config or FrugalConfig()
-        self._presample_counts = presample_counts
-
-    @property
-    def config(self) -> FrugalConfig:
-        return self._config
+        self._set_frugal(config, presample_counts)
 
     def shard(
         self,
@@ -134,18 +125,9 @@ class FrugalEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             use_index_dedup=self._use_index_dedup,
             module_fqn=module_fqn,
-            config=self._config,
-            presample_counts=self._presample_counts,
+            **self._frugal_kwargs(),
         )
 
     @property
     def sharded_module_type(self) -> Type[FrugalShardedEmbeddingCollection]:
         return FrugalShardedEmbeddingCollection
-
-    def sharding_types(self, compute_device_type: str) -> List[str]:
-        return [FRUGAL] + STOCK_SEQUENCE_SHARDING_TYPES
-
-    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
-        if sharding_type == FRUGAL:
-            return [EmbeddingComputeKernel.FUSED.value]
-        return super().compute_kernels(sharding_type, compute_device_type)

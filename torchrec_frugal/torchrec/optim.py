@@ -5,16 +5,37 @@ optimizer exposes its learning rate through ``param_groups`` and its state for c
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
+import torch.distributed as dist
+from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.optim.fused import FusedOptimizer
 
 from .checkpoint import OPTIMIZER_STATE_NAMES, held_rows, row_blocks, rows_sharded_tensor
+from .types import FrugalTable
 
 if TYPE_CHECKING:
-    from .sharding import FrugalTableGroup
+    from ..engine import FrugalEngine
+
+
+class FusedTableGroup(Protocol):
+    """What the optimizer reads of its tables' group (the kernel's FrugalTableGroup)."""
+
+    tables: List[FrugalTable]
+    table_index: Dict[str, int]
+    placeholders: Dict[str, nn.Parameter]
+    pg: Optional[dist.ProcessGroup]
+    engine: "FrugalEngine"
+
+    def ensure_flushed(self) -> None: ...
+
+    def read(self, table: str, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+    def block(self, table: str, first: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+    def write(self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None: ...
 
 
 class FrugalOptimizerState:
@@ -24,7 +45,7 @@ class FrugalOptimizerState:
     ``load_state_dict()``, so checkpoints look like those of FBGEMM's fused optimizer.
     """
 
-    def __init__(self, group: "FrugalTableGroup", table: str, column: int) -> None:
+    def __init__(self, group: FusedTableGroup, table: str, column: int) -> None:
         self._group = group
         self._table = table
         self._column = column
@@ -36,7 +57,7 @@ class FrugalOptimizerState:
         g = self._group
         g.ensure_flushed()
         n = self._num_rows()
-        off, size = row_blocks(n, torch.distributed.get_world_size(g.pg))[torch.distributed.get_rank(g.pg)]
+        off, size = row_blocks(n, dist.get_world_size(g.pg))[dist.get_rank(g.pg)]
         _, state = g.block(self._table, off, size)
         return rows_sharded_tensor(state[:, self._column].clone(), n, g.pg)
 
@@ -63,7 +84,7 @@ class FrugalOptimizerState:
 class FrugalFusedOptimizer(FusedOptimizer):
     """KeyedOptimizer of one engine's tables; ``param_groups[0]["lr"]`` drives the engine."""
 
-    def __init__(self, group: "FrugalTableGroup") -> None:
+    def __init__(self, group: FusedTableGroup) -> None:
         self._group = group
         names = OPTIMIZER_STATE_NAMES[group.engine.optimizer.kind]
         params = {f"{t.name}.weight": group.placeholders[t.name] for t in group.tables}

@@ -47,7 +47,7 @@ from torchrec.distributed.types import ShardingType
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from ..config import FrugalConfig
-from .sharding import FRUGAL
+from .types import FRUGAL
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.pipeline_context import In, Out
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .embeddingbag import FrugalShardedModuleMixin
+from .embedding_types import FrugalShardedModuleMixin
 
 
 class _LookaheadReader(Iterator[In]):

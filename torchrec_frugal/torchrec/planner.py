@@ -46,7 +46,7 @@ from .checkpoint import row_blocks
 from .embedding import FrugalEmbeddingCollectionSharder
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder
 from .patches import frugal_row_bytes
-from .sharding import FRUGAL
+from .types import FRUGAL
 
 logger: logging.Logger = logging.getLogger(__name__)
 

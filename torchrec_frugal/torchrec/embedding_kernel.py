@@ -1,0 +1,244 @@
+"""The kernel of frugal tables: a group of tables behind one engine, with its fused optimizer.
+
+The counterpart of TorchRec's ``batched_embedding_kernel.py``: where a fused FBGEMM kernel serves
+a batch of tables and applies the optimizer inside backward, a :class:`FrugalTableGroup` serves
+its tables through a :class:`~torchrec_frugal.engine.FrugalEngine`, and :class:`FrugalStep`
+hands the step's row gradients to that engine, which sums them over ranks and updates each row
+at its owner.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torch import nn
+from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.optim.fused import EmptyFusedOptimizer, FusedOptimizerModule
+
+from ..config import FrugalConfig, OptimizerSpec, TableSpec
+from ..engine import FrugalEngine
+from ..errors import FrugalError, FrugalInputError
+from .optim import FrugalFusedOptimizer
+from .types import FrugalTable
+
+# FBGEMM TBE defaults (split_table_batched_embeddings_ops_training), used when fused_params omit them.
+_FBGEMM_LEARNING_RATE = 0.01
+_FBGEMM_EPS = 1.0e-8
+_OPTIMIZER_KINDS: Dict[EmbOptimType, str] = {
+    EmbOptimType.EXACT_SGD: "sgd",
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad",
+}
+
+
+def optimizer_spec(fused_params: Dict[str, Any], table: str) -> OptimizerSpec:
+    """The engine optimizer for ``fused_params`` as TorchRec passes them to a fused kernel."""
+    opt = fused_params.get("optimizer", EmbOptimType.EXACT_SGD)
+    if isinstance(opt, str):
+        opt = EmbOptimType(opt)
+    if opt not in _OPTIMIZER_KINDS:
+        supported = ", ".join(f"EmbOptimType.{o.name}" for o in _OPTIMIZER_KINDS)
+        raise ValueError(f"table {table!r}: frugal sharding supports the fused optimizers {supported}, got {opt}")
+    if fused_params.get("weight_decay", 0.0):
+        raise ValueError(f"table {table!r}: frugal sharding does not apply weight_decay with {opt}")
+    return OptimizerSpec(
+        kind=_OPTIMIZER_KINDS[opt],
+        lr=float(fused_params.get("learning_rate", _FBGEMM_LEARNING_RATE)),
+        eps=float(fused_params.get("eps", _FBGEMM_EPS)),
+    )
+
+
+@dataclass
+class GroupBatch:
+    """One engine's share of a batch: its unique fused rows and how the values map onto them."""
+
+    rows: torch.Tensor  # unique fused rows, sorted, CPU int64: what the engine steps on
+    inverse: torch.Tensor  # per value (group order), index into rows, on the compute device
+    lengths: torch.Tensor  # per bag, the group's features concatenated
+    weights: Optional[torch.Tensor]  # per value pooling weight (KJT weights and MEAN scaling)
+
+
+class FrugalTableGroup(nn.Module, FusedOptimizerModule):
+    """The tables of one lookup that share an engine (same dim, optimizer and cache ratio)."""
+
+    def __init__(
+        self,
+        tables: List[FrugalTable],
+        config: FrugalConfig,
+        pg: Optional[dist.ProcessGroup],
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.tables = tables
+        self.pg = pg
+        self.engine = FrugalEngine(
+            tables=[TableSpec(t.name, t.num_embeddings, t.embedding_dim) for t in tables],
+            optimizer=tables[0].optimizer,
+            config=replace(config, cache_ratio=tables[0].cache_ratio),
+            pg=pg,
+            device=device,
+            init_weights=lambda t, view: tables[t].init_fn(view),
+            # Always passed (zeros where a rank has none): the engine sums them over ranks.
+            presample_counts=[
+                t.presample_counts if t.presample_counts is not None else torch.zeros(t.num_embeddings)
+                for t in tables
+            ],
+        )
+        self._finalizer = weakref.finalize(self, self.engine.close)
+        self.table_index: Dict[str, int] = {t.name: i for i, t in enumerate(tables)}
+        # Stand-ins for TorchRec's per-table weight parameters: the weights live in the engine.
+        # _in_backward_optimizers keeps them out of dense optimizers, as for fused TBE slices.
+        self.placeholders: Dict[str, nn.Parameter] = {}
+        for t in tables:
+            p = nn.Parameter(torch.empty(0, device=device))
+            p._in_backward_optimizers = [EmptyFusedOptimizer()]  # type: ignore[attr-defined]
+            self.placeholders[t.name] = p
+        self._announced: Deque[torch.Tensor] = deque()  # rows pushed to the lookahead, per future step
+        # The forward whose engine step is still open (its backward has not run): set by FrugalStep.
+        self.open_step: Optional[FrugalStep] = None
+        self._flushed_step: Optional[int] = None  # engine step at which host last equalled the caches
+        self._optim = FrugalFusedOptimizer(self)
+
+    @property
+    def fused_optimizer(self) -> FrugalFusedOptimizer:
+        return self._optim
+
+    def fused_rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        return self.engine.rows(table, ids)
+
+    def announce(self, rows: torch.Tensor) -> None:
+        """Push the rows of a future step to the engine's lookahead window."""
+        self.engine.push_lookahead(rows)
+        self._announced.append(rows)
+
+    def lookahead_capacity(self) -> int:
+        """Future steps the engine's window takes now: steps s..s+L, less those begun or announced."""
+        return self.engine.lookahead + 1 - (self.open_step is not None) - len(self._announced)
+
+    def check_announced(self, rows: torch.Tensor, feature_of_table: Dict[int, List[str]]) -> None:
+        """Raise, changing nothing, if this step's rows differ from the ones announced for it."""
+        if not self._announced:
+            return
+        expected = self._announced[0]
+        if torch.equal(expected, rows):
+            return
+        both = torch.cat([expected, rows])
+        u, counts = torch.unique(both, return_counts=True)
+        differing = u[counts == 1]
+        t_idx = torch.searchsorted(self.engine.table_offsets, differing, right=True) - 1
+        bad = sorted({int(t) for t in t_idx.tolist()})
+        names = ", ".join(
+            f"table {self.tables[t].name!r} (features {feature_of_table.get(t, [])})" for t in bad
+        )
+        raise FrugalInputError(
+            f"step {self.engine.step}: the batch trained differs from the lookahead batch announced "
+            f"for it in {names}; nothing was changed"
+        )
+
+    def begin(self, rows: torch.Tensor) -> None:
+        self.engine.begin_step(rows)
+        if self._announced:
+            self._announced.popleft()
+
+    def end_without_update(self) -> None:
+        """End the engine's step with no gradients (a forward whose backward never ran)."""
+        empty = torch.empty(0, dtype=torch.int64)
+        self.engine.apply_gradients(empty, torch.empty(0, self.engine.dim))
+
+    def close_open_step(self) -> None:
+        """End, with no update, the step of a forward whose backward never ran (if any)."""
+        if self.open_step is not None:
+            self.open_step.close_without_update()
+
+    def ensure_flushed(self) -> None:
+        """Collective: make host equal the caches, unless no step ran since the last flush."""
+        self.close_open_step()
+        if self._flushed_step != self.engine.step:
+            self.engine.flush()
+            self._flushed_step = self.engine.step
+
+    # ------------------------------------------------------------------ checkpoint rows
+    def table_rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        i = self.table_index[table]
+        return ids.to(torch.int64) + self.engine.table_offsets[i]
+
+    def read(self, table: str, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(weights, optimizer state) of ``ids`` of ``table`` from host; the engine must be flushed."""
+        return self.engine.read_rows(self.table_rows(table, ids))
+
+    def block(self, table: str, first: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Views of (weights, optimizer state) of rows [first, first + count) of ``table`` in host
+        memory; the engine must be flushed. A checkpoint saves them without a copy."""
+        lo = int(self.engine.table_offsets[self.table_index[table]]) + first
+        return self.engine.host_block(lo, lo + count)
+
+    def write(self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None:
+        """Collective load of (table, ids, weights or None, state or None) parts held by this rank.
+
+        Each rank writes only its own parts (its block of a checkpoint) into the shared host
+        tables: no rank gathers another's rows. Values not given keep their current host copy.
+        """
+        self.ensure_flushed()
+        d, sw = self.engine.dim, self.engine.state_width
+        self.engine.write_rows(
+            [
+                (
+                    self.table_rows(table, ids),
+                    None if w is None else w.reshape(ids.shape[0], d),
+                    None if s is None else s.reshape(ids.shape[0], sw),
+                )
+                for table, ids, w, s in parts
+            ]
+        )
+        self._flushed_step = self.engine.step
+
+
+class FrugalStep:
+    """One forward's engine steps; backward (or the next forward) ends them."""
+
+    def __init__(self, groups: List[FrugalTableGroup], batches: List[GroupBatch]) -> None:
+        self.groups = groups
+        self.batches = batches
+        for g in groups:
+            g.open_step = self
+
+    def _check_open(self) -> None:
+        if any(g.open_step is not self for g in self.groups):
+            raise FrugalError(
+                "backward of a frugal lookup whose step was already ended: run backward before the "
+                "next forward (or state_dict) of the model"
+            )
+
+    def apply(self, grads: Sequence[torch.Tensor]) -> None:
+        self._check_open()
+        for g, b, grad in zip(self.groups, self.batches, grads):
+            g.open_step = None
+            if get_gradient_division():
+                # TorchRec's sharded backward divides embedding gradients by the world size
+                # (comm_ops.GRADIENT_DIVISION), matching DDP's averaging of dense gradients.
+                grad = grad / g.engine.world_size
+            g.engine.apply_gradients(b.rows, grad)
+
+    def close_without_update(self) -> None:
+        self._check_open()
+        for g in self.groups:
+            g.open_step = None
+            g.end_without_update()
+
+
+class FrugalRowsFunction(torch.autograd.Function):
+    """Current values of each group's unique rows; backward is the fused optimizer update."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, step: FrugalStep) -> Tuple[torch.Tensor, ...]:  # type: ignore[override]
+        ctx.step = step
+        return tuple(g.engine.lookup(b.rows) for g, b in zip(step.groups, step.batches))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[None, None]:  # type: ignore[override]
+        ctx.step.apply(grads)
+        return None, None

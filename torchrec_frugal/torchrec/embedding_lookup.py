@@ -1,0 +1,244 @@
+"""The lookup of a frugal sharding: a batch's rows read through the engines, pooled locally.
+
+The counterpart of TorchRec's ``embedding_lookup.py``: it groups the sharding's tables by engine
+(:class:`~.embedding_kernel.FrugalTableGroup`), maps the KJT onto each group's unique rows, and
+returns pooled ([B, sum dims]) or sequence ([values, dim]) embeddings. Announced batches (the
+lookahead) keep their rows for their own forward.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torchrec.distributed.embedding_sharding import BaseEmbeddingLookup
+from torchrec.modules.embedding_configs import PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from ..config import FrugalConfig
+from ..errors import FrugalInputError
+from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
+from .types import FrugalTable
+
+
+@dataclass
+class _AnnouncedBatch:
+    """A future batch as announced: its ids (CPU) and the (rows, inverse) of each group."""
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+    group_rows: List[Tuple[torch.Tensor, torch.Tensor]]
+
+
+class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]):
+    """Lookup of a frugal sharding: pooled ([B, sum dims]) or sequence ([values, dim]) output."""
+
+    def __init__(
+        self,
+        tables: List[FrugalTable],
+        pooled: bool,
+        config: FrugalConfig,
+        pg: Optional[dist.ProcessGroup],
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self._pooled = pooled
+        self._device = device
+        # Position of each KJT feature this lookup receives -> (group, table index in group).
+        self._feature_names: List[str] = [f for t in tables for f in t.feature_names]
+        keyed: Dict[Tuple[Any, ...], List[FrugalTable]] = {}
+        for t in tables:
+            o = t.optimizer
+            key = (t.embedding_dim, o.kind, o.lr, o.eps, t.cache_ratio)
+            keyed.setdefault(key, []).append(t)
+        self.groups = nn.ModuleList(FrugalTableGroup(ts, config, pg, device) for ts in keyed.values())
+        where = {t.name: (gi, g.table_index[t.name]) for gi, g in enumerate(self.groups) for t in g.tables}
+        self._positions: List[List[int]] = [[] for _ in self.groups]
+        self._position_table: List[int] = []
+        for p, (table, feature) in enumerate((t, f) for t in tables for f in t.feature_names):
+            gi, ti = where[table.name]
+            self._positions[gi].append(p)
+            self._position_table.append(ti)
+        self._features_of_table: List[Dict[int, List[str]]] = [
+            {ti: [self._feature_names[p] for p in ps if self._position_table[p] == ti] for ti in range(len(g.tables))}
+            for g, ps in zip(self.groups, self._positions)
+        ]
+        self._mean_positions = torch.tensor(
+            [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names], dtype=torch.bool
+        )
+        # Leaf that makes the lookup's output require grad, so backward reaches the engines.
+        self._anchor = torch.zeros(0, requires_grad=True)
+        # Per announced future batch (aligned with each group's announced rows): its ids and the
+        # (rows, inverse) computed when it was announced, reused by its forward if the ids match.
+        self._announced_batches: Deque[Optional[_AnnouncedBatch]] = deque()
+        self._last_lookahead: Optional[_AnnouncedBatch] = None
+
+    @property
+    def feature_names(self) -> List[str]:
+        return self._feature_names
+
+    # ------------------------------------------------------------------ rows of a batch
+    def _check_layout(self, features: KeyedJaggedTensor) -> None:
+        keys = features.keys()
+        if keys != self._feature_names:
+            raise FrugalInputError(f"frugal lookup expects features {self._feature_names}, got {keys}")
+        if features.variable_stride_per_key():
+            raise FrugalInputError("frugal sharding does not support variable batch size per feature")
+
+    def group_rows(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per group, the batch's unique fused rows (ids validated) and each value's index into them.
+
+        The costly part of a batch's lookup (validation and unique), computed once per batch: when
+        the batch was announced, or else by its forward.
+        """
+        self._check_layout(features)
+        values, keys, opk = features.values(), features.keys(), features.offset_per_key()
+        out = []
+        for g, positions in zip(self.groups, self._positions):
+            parts = []
+            for p in positions:
+                try:
+                    parts.append(g.fused_rows(self._position_table[p], values[opk[p] : opk[p + 1]]))
+                except FrugalInputError as e:
+                    raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
+            rows, inverse = torch.unique(torch.cat(parts), return_inverse=True)
+            out.append((rows, inverse))
+        return out
+
+    def _rows_for_forward(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """The rows of the batch announced for this step if ``features`` are that batch's ids (no
+        second validation and unique), else computed afresh (and then checked against it)."""
+        ahead = self._announced_batches[0] if self._announced_batches else None
+        if (
+            ahead is not None
+            and torch.equal(ahead.lengths, features.lengths().cpu())
+            and torch.equal(ahead.values, features.values().cpu())
+        ):
+            self._check_layout(features)
+            return ahead.group_rows
+        return self.group_rows(features)
+
+    def _group_batches(self, features: KeyedJaggedTensor, group_rows: List[Tuple[torch.Tensor, torch.Tensor]]) -> List[GroupBatch]:
+        lengths = features.lengths()
+        stride = features.stride()
+        opk = features.offset_per_key()
+        kjt_weights = features.weights_or_none() if self._pooled else None
+        batches = []
+        for (rows, inverse), positions in zip(group_rows, self._positions):
+            g_lengths = torch.cat([lengths[p * stride : (p + 1) * stride] for p in positions])
+            weights = None
+            if self._pooled:
+                if kjt_weights is not None:
+                    weights = torch.cat([kjt_weights[opk[p] : opk[p + 1]] for p in positions])
+                mean = self._mean_positions[positions]
+                if bool(mean.any()):
+                    bag_mean = mean.repeat_interleave(stride).to(g_lengths.device)
+                    scale = torch.where(bag_mean, 1.0 / g_lengths.clamp(min=1).to(torch.float32), 1.0)
+                    per_value = scale.repeat_interleave(g_lengths)
+                    weights = per_value if weights is None else weights * per_value
+            batches.append(GroupBatch(rows, inverse.to(self._device), g_lengths, weights))
+        return batches
+
+    def lookahead_rows(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
+        """Each group's rows for ``features`` (validated), as the forward of that batch steps on."""
+        group_rows = self.group_rows(features)
+        # Copies: a loader may refill its buffers before the announced step runs.
+        self._last_lookahead = _AnnouncedBatch(
+            features.values().to("cpu", copy=True), features.lengths().to("cpu", copy=True), group_rows
+        )
+        return [rows for rows, _ in group_rows]
+
+    def announce(self, rows: List[torch.Tensor]) -> None:
+        for g, r in zip(self.groups, rows):
+            g.announce(r)
+        last, self._last_lookahead = self._last_lookahead, None
+        same = last is not None and all(a is b for (a, _), b in zip(last.group_rows, rows))
+        self._announced_batches.append(last if same else None)
+
+    def lookahead_capacity(self) -> int:
+        """How many more future steps the engines accept now."""
+        return min(g.lookahead_capacity() for g in self.groups)
+
+    def lookahead(self) -> int:
+        return min(g.engine.lookahead for g in self.groups)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        batches = self._group_batches(sparse_features, self._rows_for_forward(sparse_features))
+        groups = list(self.groups)
+        for g in groups:
+            g.close_open_step()
+        for g, b, feats in zip(groups, batches, self._features_of_table):
+            g.check_announced(b.rows, feats)
+        for g, b in zip(groups, batches):
+            g.begin(b.rows)
+        if self._announced_batches:  # the step took its announced batch off every group
+            self._announced_batches.popleft()
+        if torch.is_grad_enabled():
+            weights = FrugalRowsFunction.apply(self._anchor, FrugalStep(groups, batches))
+        else:
+            weights = [g.engine.lookup(b.rows) for g, b in zip(groups, batches)]
+            for g in groups:
+                g.end_without_update()
+        if self._pooled:
+            return self._pool(sparse_features, batches, weights)
+        return self._sequence(sparse_features, batches, weights)
+
+    def _pool(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
+        stride = features.stride()
+        out: List[Optional[torch.Tensor]] = [None] * len(self._feature_names)
+        for positions, b, w in zip(self._positions, batches, weights):
+            offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64, device=self._device)
+            torch.cumsum(b.lengths.to(self._device), 0, out=offsets[1:])
+            pooled = F.embedding_bag(
+                b.inverse,
+                w,
+                offsets,
+                mode="sum",
+                per_sample_weights=None if b.weights is None else b.weights.to(self._device, w.dtype),
+                include_last_offset=True,
+            )
+            for p, chunk in zip(positions, pooled.split(stride)):
+                out[p] = chunk
+        return torch.cat(out, dim=1)  # type: ignore[arg-type]
+
+    def _sequence(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
+        if len(batches) == 1:
+            return weights[0][batches[0].inverse]
+        lpk = features.length_per_key()
+        out: List[Optional[torch.Tensor]] = [None] * len(self._feature_names)
+        for positions, b, w in zip(self._positions, batches, weights):
+            for p, chunk in zip(positions, w[b.inverse].split([lpk[p] for p in positions])):
+                out[p] = chunk
+        return torch.cat(out)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ TorchRec lookup protocol
+    def flush(self) -> None:
+        """Apply every pending host write (collective): host tables then equal the caches."""
+        for g in self.groups:
+            g.ensure_flushed()
+
+    def purge(self) -> None:
+        """Nothing to drop before a load: the engines refresh their caches in ``write``."""
+
+    def named_parameters_by_table(self) -> Iterator[Tuple[str, nn.Parameter]]:
+        for g in self.groups:
+            yield from g.placeholders.items()
+
+    def group_of(self, table: str) -> FrugalTableGroup:
+        for g in self.groups:
+            if table in g.table_index:
+                return g
+        raise KeyError(table)
+
+    def table_names(self) -> List[str]:
+        return [t.name for g in self.groups for t in g.tables]
+
+    def close(self) -> None:
+        """Stop the engines' flushers (pending writes are kept only if flush() ran)."""
+        for g in self.groups:
+            g.engine.close()

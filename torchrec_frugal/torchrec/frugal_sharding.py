@@ -1,0 +1,167 @@
+"""The "frugal" sharding type: data-parallel in structure, tables served by Frugal engines.
+
+The counterpart of TorchRec's ``sharding/dp_sharding.py``. Each rank keeps its own batch (no
+input all-to-all), reads its rows through its engine (own cache, or the table in shared host
+memory) and pools them locally (no output all-to-all), so the input and output dists are
+data-parallel's. Backward hands the gradient of the step's unique rows to the engine, which sums
+it over ranks and applies the fused optimizer at each row's owner: the update FBGEMM's fused
+kernels apply to a sharded table.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Type, TypeVar
+
+import torch
+from torchrec.distributed.embedding_sharding import (
+    BaseEmbeddingDist,
+    BaseEmbeddingLookup,
+    BaseSparseFeaturesDist,
+    EmbeddingSharding,
+    EmbeddingShardingContext,
+    EmbeddingShardingInfo,
+)
+from torchrec.distributed.embedding_types import (
+    BaseGroupedFeatureProcessor,
+    EmbeddingComputeKernel,
+    ShardedEmbeddingTable,
+)
+from torchrec.distributed.sharding.dp_sequence_sharding import DpSequenceEmbeddingDist
+from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist, DpSparseFeaturesDist
+from torchrec.distributed.sharding.sequence_sharding import SequenceShardingContext
+from torchrec.distributed.types import ShardingEnv, ShardMetadata
+from torchrec.modules.embedding_configs import DataType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from ..config import FrugalConfig
+from .embedding_kernel import optimizer_spec
+from .embedding_lookup import FrugalEmbeddingLookup
+from .types import FrugalTable
+
+C = TypeVar("C", EmbeddingShardingContext, SequenceShardingContext)
+
+
+class FrugalEmbeddingSharding(EmbeddingSharding[C, KeyedJaggedTensor, torch.Tensor, torch.Tensor]):
+    """Frugal sharding of the tables of one sharded module.
+
+    Like data-parallel sharding, every rank serves all of these tables for its own batch; unlike
+    it, no rank holds a replica: the tables live once in host memory, behind the engines. The
+    variants below differ only in their output: pooled, or one embedding per id.
+    """
+
+    pooled: ClassVar[bool]
+    output_dist_type: ClassVar[Type[BaseEmbeddingDist[Any, torch.Tensor, torch.Tensor]]]
+
+    def __init__(
+        self,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        config: Optional[FrugalConfig] = None,
+        presample_counts: Optional[Dict[str, torch.Tensor]] = None,
+        init_fns: Optional[Dict[str, Callable[[torch.Tensor], Any]]] = None,
+    ) -> None:
+        super().__init__()
+        if env.output_dtensor:
+            raise NotImplementedError("frugal sharding writes ShardedTensor state, not DTensor")
+        self._env = env
+        self._device = device if device is not None else torch.device("cpu")
+        self._config = config or FrugalConfig()
+        counts = presample_counts or {}
+        self._infos = sharding_infos
+        self._tables: List[FrugalTable] = []
+        self._embedding_names: List[str] = []
+        self._embedding_dims: List[int] = []
+        for info in sharding_infos:
+            cfg = info.embedding_config
+            if cfg.data_type != DataType.FP32:
+                raise ValueError(f"table {cfg.name!r}: frugal sharding stores FP32 tables, got {cfg.data_type}")
+            cache = info.param_sharding.cache_params
+            self._tables.append(
+                FrugalTable(
+                    name=cfg.name,
+                    num_embeddings=cfg.num_embeddings,
+                    embedding_dim=cfg.embedding_dim,
+                    feature_names=list(cfg.feature_names),
+                    pooling=cfg.pooling,
+                    init_fn=(init_fns or {}).get(cfg.name, cfg.init_fn),  # type: ignore[arg-type]
+                    optimizer=optimizer_spec(info.fused_params or {}, cfg.name),
+                    cache_ratio=(
+                        cache.load_factor
+                        if cache is not None and cache.load_factor is not None
+                        else self._config.cache_ratio
+                    ),
+                    presample_counts=counts.get(cfg.name),
+                )
+            )
+            self._embedding_names.extend(cfg.embedding_names)
+            self._embedding_dims.extend([cfg.embedding_dim] * len(cfg.feature_names))
+
+    def create_input_dist(self, device: Optional[torch.device] = None) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
+        return DpSparseFeaturesDist()
+
+    def create_lookup(
+        self,
+        device: Optional[torch.device] = None,
+        fused_params: Optional[Dict[str, Any]] = None,
+        feature_processor: Optional[BaseGroupedFeatureProcessor] = None,
+    ) -> BaseEmbeddingLookup:
+        if feature_processor is not None:
+            raise NotImplementedError("frugal sharding does not support feature processors")
+        return FrugalEmbeddingLookup(
+            self._tables,
+            pooled=self.pooled,
+            config=self._config,
+            pg=self._env.process_group,
+            device=device if device is not None else self._device,
+        )
+
+    def create_output_dist(self, device: Optional[torch.device] = None) -> BaseEmbeddingDist[C, torch.Tensor, torch.Tensor]:
+        return self.output_dist_type()
+
+    def feature_names(self) -> List[str]:
+        return [f for t in self._tables for f in t.feature_names]
+
+    def embedding_names(self) -> List[str]:
+        return list(self._embedding_names)
+
+    def embedding_dims(self) -> List[int]:
+        return list(self._embedding_dims)
+
+    def embedding_names_per_rank(self) -> List[List[str]]:
+        return [self.embedding_names() for _ in range(self._env.world_size)]
+
+    def embedding_shard_metadata(self) -> List[Optional[ShardMetadata]]:
+        return [None] * len(self._embedding_names)
+
+    def embedding_tables(self) -> List[ShardedEmbeddingTable]:
+        """The tables, whole on every rank (what TorchRec's index dedup reads)."""
+        return [
+            ShardedEmbeddingTable(
+                num_embeddings=i.embedding_config.num_embeddings,
+                embedding_dim=i.embedding_config.embedding_dim,
+                name=i.embedding_config.name,
+                embedding_names=i.embedding_config.embedding_names,
+                data_type=i.embedding_config.data_type,
+                feature_names=i.embedding_config.feature_names,
+                pooling=i.embedding_config.pooling,
+                is_weighted=i.embedding_config.is_weighted,
+                local_rows=i.embedding_config.num_embeddings,
+                local_cols=i.embedding_config.embedding_dim,
+                compute_kernel=EmbeddingComputeKernel.CUSTOMIZED_KERNEL,
+            )
+            for i in self._infos
+        ]
+
+
+class FrugalPooledEmbeddingSharding(FrugalEmbeddingSharding[EmbeddingShardingContext]):
+    """Frugal sharding of EmbeddingBagCollection tables (pooled output, local)."""
+
+    pooled = True
+    output_dist_type = DpPooledEmbeddingDist
+
+
+class FrugalSequenceEmbeddingSharding(FrugalEmbeddingSharding[SequenceShardingContext]):
+    """Frugal sharding of EmbeddingCollection tables (one embedding per id, local)."""
+
+    pooled = False
+    output_dist_type = DpSequenceEmbeddingDist

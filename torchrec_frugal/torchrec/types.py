@@ -1,0 +1,32 @@
+"""Types the TorchRec glue shares: the "frugal" sharding type and one frugal table.
+
+The counterpart of TorchRec's ``distributed/types.py``: the planner shims and the planner read
+``FRUGAL`` from here without importing the engine or the sharded modules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional
+
+import torch
+from torchrec.modules.embedding_configs import PoolingType
+
+from ..config import OptimizerSpec
+
+FRUGAL = "frugal"
+"""The sharding-type string of ``ParameterSharding.sharding_type`` for Frugal tables."""
+
+
+@dataclass
+class FrugalTable:
+    """One table of a frugal sharding, as its lookup and kernel need it."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    feature_names: List[str]
+    pooling: PoolingType
+    init_fn: Callable[[torch.Tensor], Any]
+    optimizer: OptimizerSpec
+    cache_ratio: float
+    presample_counts: Optional[torch.Tensor]

@@ -1,14 +1,20 @@
-"""The planner shims of torchrec_frugal.torchrec.patches.
+"""The planner shims of torchrec_frugal.torchrec.patches, and the TorchRec and torch privates
+the glue relies on (patches.THIRD_PARTY_PRIVATES).
 
 Each shim must still wrap the TorchRec function it was written against in the installed TorchRec
 release (the tests below fail when TorchRec changes one, or when the release is not supported:
 review the shim, then record the hash in patches.RELEASES), answer for the "frugal" type, and
-hand every other sharding type to TorchRec unchanged.
+hand every other sharding type to TorchRec unchanged. Each private must still be there, and a
+private function still have the source recorded for the release.
 """
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+import textwrap
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import pytest
 import torch
@@ -145,13 +151,12 @@ def _sharder_arg(sharder: FrugalEmbeddingBagCollectionSharder) -> Dict[str, Any]
     return {arg: sharder if arg == "sharder" else build_sharder_data(sharder)}
 
 
-def _storages(sharding_type: str, compute_device: str, fused: Dict[str, Any]) -> Any:
+def _storage_kwargs(sharding_type: str, compute_device: str, fused: Dict[str, Any]) -> Dict[str, Any]:
     sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused)
-    t = torch.empty(100, 16, device="meta")
-    return shard_estimators.calculate_shard_storages(
+    return dict(
         **_sharder_arg(sharder),
         sharding_type=sharding_type,
-        tensor=t,
+        tensor=torch.empty(100, 16, device="meta"),
         compute_device=compute_device,
         compute_kernel="fused",
         shard_sizes=[[25, 16]] * 4,
@@ -167,6 +172,10 @@ def _storages(sharding_type: str, compute_device: str, fused: Dict[str, Any]) ->
     )
 
 
+def _storages(sharding_type: str, compute_device: str, fused: Dict[str, Any]) -> Any:
+    return shard_estimators.calculate_shard_storages(**_storage_kwargs(sharding_type, compute_device, fused))
+
+
 @pytest.mark.parametrize("opt,state_floats", [(EmbOptimType.EXACT_SGD, 0), (EmbOptimType.EXACT_ROWWISE_ADAGRAD, 1)])
 def test_storage_of_frugal_is_the_host_block_plus_own_buffers(opt: EmbOptimType, state_floats: int) -> None:
     inputs, outputs = _io("data_parallel")
@@ -179,22 +188,93 @@ def test_storage_of_frugal_is_the_host_block_plus_own_buffers(opt: EmbOptimType,
 
 def test_storage_of_stock_types_is_torchrec_s() -> None:
     orig = patches.original(_patch(shard_estimators, "calculate_shard_storages"))
-    sharder = FrugalEmbeddingBagCollectionSharder()
-    kwargs = dict(
-        **_sharder_arg(sharder),
-        sharding_type="row_wise",
-        tensor=torch.empty(100, 16, device="meta"),
-        compute_device="cuda",
-        compute_kernel="fused",
-        shard_sizes=[[25, 16]] * 4,
-        batch_sizes=[64],
-        world_size=4,
-        local_world_size=4,
-        input_lengths=[2.0],
-        num_poolings=[1.0],
-        caching_ratio=0.2,
-        is_pooled=True,
-        input_data_type_size=8,
-        output_data_type_size=4,
-    )
+    kwargs = _storage_kwargs("row_wise", "cuda", {})
     assert shard_estimators.calculate_shard_storages(**kwargs) == orig(**kwargs)
+
+
+# ---------------------------------------------------------------------- TorchRec and torch privates
+def _resolve(path: str) -> Any:
+    """The object at a dotted path: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for part in parts[i:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(path)
+
+
+def _assigns(cls: type, attr: str) -> bool:
+    """Whether ``cls``'s own source assigns ``self.<attr>``."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return False
+    return any(
+        isinstance(n, ast.Attribute)
+        and isinstance(n.ctx, ast.Store)
+        and n.attr == attr
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+        for n in ast.walk(tree)
+    )
+
+
+def _private_problem(p: patches.Private, release: patches.Release) -> Optional[str]:
+    """What no longer holds of a private the glue relies on (None: it still holds)."""
+    name = p.path.rsplit(".", 1)[-1]
+    try:
+        if p.guard == patches.HASHED:
+            fn = _resolve(p.hashed)
+            if name not in inspect.getsource(fn):
+                return f"{p.hashed} no longer names {name}"
+            if patches.source_sha256(fn) != release.privates.get(p.hashed):
+                return f"the source of {p.hashed} changed"
+        elif p.guard == patches.ASSIGNED:
+            owner = _resolve(p.path.rsplit(".", 1)[0])
+            if not any(_assigns(c, name) for c in owner.__mro__):
+                return f"no class of {owner.__name__}'s MRO assigns self.{name}"
+        elif p.guard == patches.MODULE:
+            for n in p.names:
+                _resolve(f"{p.path}.{n}")
+        elif p.guard == patches.SHIMMED:
+            if not any(f"torchrec.distributed.planner.{s.key}" == p.path for s in patches.PATCHES):
+                return "no shim wraps it"
+        else:
+            return f"unknown guard {p.guard!r}"
+    except (ImportError, AttributeError) as e:
+        return f"gone ({e})"
+    return None
+
+
+@pytest.mark.parametrize("private", patches.THIRD_PARTY_PRIVATES.values(), ids=lambda p: ".".join(p.path.split(".")[-2:]))
+def test_private_relied_on_is_unchanged(private: patches.Private) -> None:
+    problem = _private_problem(private, patches.RELEASE)
+    assert problem is None, (
+        f"TorchRec {patches.TORCHREC_VERSION} (torch {torch.__version__}): {private.path}, which the glue relies on "
+        f"({private.used_by}): {problem}. Review that use, then record the release in patches.RELEASES"
+    )
+
+
+@pytest.mark.parametrize("release", sorted(patches.RELEASES))
+def test_every_release_records_every_hashed_private(release: str) -> None:
+    hashed = {p.hashed for p in patches.THIRD_PARTY_PRIVATES.values() if p.guard == patches.HASHED}
+    assert set(patches.RELEASES[release].privates) == hashed
+
+
+@pytest.mark.parametrize(
+    "private",
+    [
+        patches.Private("torch.nn.Module._no_such_function", patches.HASHED, "nothing"),
+        patches.Private("torch.nn.Module.state_dict", patches.HASHED, "a source hash not recorded"),
+        patches.Private("torch.nn.Module._no_such_attribute", patches.ASSIGNED, "nothing"),
+        patches.Private("torch.distributed._shard", patches.MODULE, "nothing", names=("sharded_tensor.NoSuchName",)),
+        patches.Private("torchrec.distributed.planner.stats._no_such_shim", patches.SHIMMED, "nothing"),
+    ],
+    ids=lambda p: p.guard,
+)
+def test_the_private_guard_fails_when_a_private_changes(private: patches.Private) -> None:
+    assert _private_problem(private, patches.RELEASE) is not None

@@ -115,7 +115,9 @@ class FrugalEmbeddingSharding(EmbeddingSharding[C, KeyedJaggedTensor, torch.Tens
             device=device if device is not None else self._device,
         )
 
-    def create_output_dist(self, device: Optional[torch.device] = None) -> BaseEmbeddingDist[C, torch.Tensor, torch.Tensor]:
+    def create_output_dist(
+        self, device: Optional[torch.device] = None
+    ) -> BaseEmbeddingDist[C, torch.Tensor, torch.Tensor]:
         return self.output_dist_type()
 
     def feature_names(self) -> List[str]:

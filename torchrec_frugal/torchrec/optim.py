@@ -35,7 +35,9 @@ class FusedTableGroup(Protocol):
 
     def block(self, table: str, first: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
-    def write(self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None: ...
+    def write(
+        self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]
+    ) -> None: ...
 
 
 class FrugalOptimizerState:

@@ -1,30 +1,19 @@
-"""Shims that teach TorchRec's planner (1.6, 1.8 and 1.9) the "frugal" sharding type.
+"""Shims that teach TorchRec's planner (1.6, 1.8 and 1.9) the "frugal" sharding type, and the
+guard of every TorchRec and torch private name the glue relies on.
 
 TorchRec's planner dispatches on the stock sharding-type strings in a few module-level
 functions that raise on any other string. Each shim below wraps one of them: for "frugal" it
 answers, for every other type it calls the original unchanged. With them, TorchRec's own
 ``EmbeddingShardingPlanner`` (the one ``DistributedModelParallel`` builds when given no plan)
 enumerates, costs, partitions and reports frugal tables; ``FrugalShardingPlanner`` builds on it.
+What each shim answers for "frugal", and why, is the table of patches/README.md.
 
 ``apply()`` installs them once (importing ``torchrec_frugal.torchrec`` calls it). ``RELEASES``
 records, per supported TorchRec release line, the SHA-256 of each wrapped (or relied-on)
-function's source that the shims were checked against, and the one argument name that differs
-between them; tests/test_torchrec_patches.py fails when the installed TorchRec changes one. An
-unsupported TorchRec gets the newest release's shims and an ``UnsupportedTorchRecWarning``.
-
-What each shim decides for "frugal" (see patches/README.md for the reasons):
-
-1. ``enumerators.calculate_shard_sizes_and_offsets``: one block of rows per rank, as row_wise.
-   A frugal table lives once in host memory; each rank accounts for (and checkpoints) a block.
-2. ``enumerators.get_partition_by_type``: "uniform" (one shard on every rank, fixed layout).
-3. ``shard_estimators.calculate_shard_storages``: each rank's block in host memory (DDR) plus its
-   own batch's input/output buffers; the device cache is sized afterwards
-   (``FrugalShardingPlanner``) from the memory the plan leaves.
-4. ``_calculate_shard_io_sizes`` (in shard_estimators, and in stats which imports it by name):
-   data_parallel's buffers, since each rank reads its own batch and keeps its output.
-5. ``stats._get_sharding_type_abbr``: "FR" in the planner's report.
-6. ``estimator.TRAINING_EVALUATORS["frugal"]``: ``FrugalPerfEvaluator`` (a registry entry, not a
-   function wrap): local lookups like data_parallel, cold rows over PCIe, gradients to the owners.
+function's source that the shims were checked against, the one argument name that differs
+between them, and the hashes of the private functions in ``THIRD_PARTY_PRIVATES``;
+tests/test_torchrec_patches.py fails when the installed stack changes one. An unsupported
+TorchRec gets the newest release's shims and an ``UnsupportedTorchRecWarning``.
 """
 from __future__ import annotations
 
@@ -52,10 +41,13 @@ from .types import FRUGAL
 
 @dataclass(frozen=True)
 class Release:
-    """What the shims rely on in one TorchRec release line ("major.minor")."""
+    """What the shims and the glue rely on in one TorchRec release line ("major.minor")."""
 
     storage_sharder_arg: str  # the argument of calculate_shard_storages that carries fused_params
     sha256: Dict[str, str]  # "module.function" (module under torchrec.distributed.planner) -> source SHA-256
+    # Dotted path of each HASHED private -> source SHA-256, on the release's stack (requirements:
+    # torch 2.13.0 for 1.6 and 1.8, 2.14.1 for 1.9; torch's privates follow torch).
+    privates: Dict[str, str]
 
 
 # Release 1.8.0; 1.9.2 has the very same sources.
@@ -69,9 +61,24 @@ _SHA256_1_8 = {
     "estimator.get_embedding_perf_sharding_evaluator": "19ce0f0f58a11d885567804e69ff127935b644345330a2f9df286ffdb76e0b93",
 }
 
+# The HASHED privates of 1.8.0; torch's are the same source in torch 2.13.0 and 2.14.1.
+_SEBC_INIT = "torchrec.distributed.embeddingbag.ShardedEmbeddingBagCollection._initialize_torch_state"
+_SEC_INIT = "torchrec.distributed.embedding.ShardedEmbeddingCollection._initialize_torch_state"
+_PRIVATES_1_8 = {
+    _SEBC_INIT: "572a09c740aa7da839a9a1899d893740ca4399311ba5011790561e7f92adfd77",
+    _SEC_INIT: "432f517c3f102f98aee355f1a5dd9716e8102cb156c2f112d3c5e556e2e89723",
+    "torch.nn.Module._register_state_dict_hook": "e58ff985b035ff3ebd187a688ea81a6252e983fc0578a1112ec099a56253fd53",
+    "torch.nn.Module._register_load_state_dict_pre_hook": "b05194fb62978cea5a81560b761ee2afd5cf2ac50341b6b8c40caac32bae58d7",
+    "torchrec.optim.optimizers.in_backward_optimizer_filter": "cb4e4b53018f9c808df3500a3ab4beb8ab66044f94c5f434ab53da9ca436b752",
+    "torch.distributed._shard.sharded_tensor.ShardedTensor._init_from_local_shards_and_global_metadata": (
+        "46972e65a59e0b44960424063ff3adbf229ba3b747626965ff82c05aa892109f"
+    ),
+}
+
 RELEASES: Dict[str, Release] = {
     # 1.6.1: calculate_shard_storages takes the live sharder; the shard-size and io-size functions
-    # lack 1.8's input checks (the shims do not depend on them).
+    # lack 1.8's input checks (the shims do not depend on them); ShardedEmbeddingCollection's
+    # _initialize_torch_state takes no argument.
     "1.6": Release(
         storage_sharder_arg="sharder",
         sha256={
@@ -81,9 +88,23 @@ RELEASES: Dict[str, Release] = {
             "shard_estimators._calculate_shard_io_sizes": "602904e6b7d660fb2335a4a476fa80137d38327beaee6a2d68da81f1a39a0299",
             "stats._calculate_shard_io_sizes": "602904e6b7d660fb2335a4a476fa80137d38327beaee6a2d68da81f1a39a0299",
         },
+        privates={
+            **_PRIVATES_1_8,
+            _SEBC_INIT: "a9aed6ca3e5c6ae2f37382e71d1ae5a45978f4a6fbb1365879a9dfa068bb8ff5",
+            _SEC_INIT: "ea1e454afdd85f4549fa24952bfb5aa2bd0237cbce8a68333b04b79494a4496b",
+        },
     ),
-    "1.8": Release(storage_sharder_arg="sharder_data", sha256=_SHA256_1_8),
-    "1.9": Release(storage_sharder_arg="sharder_data", sha256=_SHA256_1_8),
+    "1.8": Release(storage_sharder_arg="sharder_data", sha256=_SHA256_1_8, privates=_PRIVATES_1_8),
+    # 1.9.2: the sharded modules' _initialize_torch_state changed; their contract did not.
+    "1.9": Release(
+        storage_sharder_arg="sharder_data",
+        sha256=_SHA256_1_8,
+        privates={
+            **_PRIVATES_1_8,
+            _SEBC_INIT: "af4cfa192431a5293963fe54535c3dd031a3274ff243a19c08de573652d638ae",
+            _SEC_INIT: "25fe1be1f4514b92f63bf0e4501fffda55fe6de0ad6ab6a661dba5b13d6b4977",
+        },
+    ),
 }
 
 
@@ -278,6 +299,96 @@ RELIED_ON: List[Tuple[Any, str]] = [
     # The perf model finds FrugalPerfEvaluator through this lookup in TRAINING_EVALUATORS.
     (perf_estimator, "get_embedding_perf_sharding_evaluator"),
 ]
+
+HASHED = "hashed"  # a function: its source SHA-256 per release in Release.privates
+ASSIGNED = "assigned"  # an instance attribute: a class on the owner's MRO assigns ``self.<name>``
+MODULE = "module"  # a private module: it imports and holds ``names``
+SHIMMED = "shimmed"  # a planner function a shim wraps: guarded as the shims are (Release.sha256)
+
+
+@dataclass(frozen=True)
+class Private:
+    """A private name of TorchRec or torch that the glue relies on, and how the tests guard it."""
+
+    path: str  # "package.module[.Class].name", as the glue uses it
+    guard: str  # HASHED, ASSIGNED, MODULE or SHIMMED
+    used_by: str  # where the glue relies on it, and for what
+    source: str = ""  # HASHED: the function whose source is hashed, when not ``path`` itself
+    names: Tuple[str, ...] = ()  # MODULE: what the glue imports from it
+
+    @property
+    def hashed(self) -> str:
+        """Key of the hashed function in ``Release.privates``."""
+        return self.source or self.path
+
+
+_SEC = _SEC_INIT.rsplit(".", 1)[0]
+_SEBC = _SEBC_INIT.rsplit(".", 1)[0]
+_PLANNER = "torchrec.distributed.planner.planners.EmbeddingShardingPlanner"
+
+_PRIVATES: List[Private] = [
+    Private(_SEBC_INIT, HASHED, "embedding_types: registers the frugal state-dict hooks"),
+    Private(_SEC_INIT, HASHED, "embedding_types: as above (no argument in 1.6)"),
+    Private(f"{_SEBC}._lookups", ASSIGNED, "embedding_types: frugal_lookups() picks the frugal lookups"),
+    Private(f"{_SEC}._lookups", ASSIGNED, "embedding_types: as above"),
+    Private("torch.nn.Module._register_state_dict_hook", HASHED, "embedding_types: frugal weights into state_dict"),
+    Private("torch.nn.Module._register_load_state_dict_pre_hook", HASHED, "embedding_types: loads through the engines"),
+    Private(
+        "torchrec.distributed.embeddingbag.EmbeddingBagCollectionSharder._sharded_module_order_overwrite",
+        ASSIGNED,
+        "embeddingbag: shard() passes it on, as TorchRec's sharder does",
+    ),
+    Private(
+        "torchrec.distributed.embedding.EmbeddingCollectionSharder._use_index_dedup",
+        ASSIGNED,
+        "embedding: shard() passes it on, as TorchRec's sharder does",
+    ),
+    Private(
+        "torch.nn.Parameter._in_backward_optimizers",
+        HASHED,
+        "embedding_kernel: marks the placeholders fused, so that dense optimizers leave them out",
+        source="torchrec.optim.optimizers.in_backward_optimizer_filter",
+    ),
+    Private(
+        "torch.distributed._shard.sharded_tensor.ShardedTensor._init_from_local_shards_and_global_metadata",
+        HASHED,
+        "checkpoint: a row-block ShardedTensor without a collective",
+    ),
+    Private(
+        "torch.distributed._shard",
+        MODULE,
+        "checkpoint, optim: the ShardedTensor state TorchRec's state_dict holds",
+        names=(
+            "metadata.ShardMetadata",
+            "sharded_tensor.Shard",
+            "sharded_tensor.ShardedTensor",
+            "sharded_tensor.ShardedTensorMetadata",
+            "sharded_tensor.TensorProperties",
+        ),
+    ),
+    Private(
+        "torchrec.distributed.train_pipeline.train_pipelines.TrainPipelineSparseDist._pipelined_modules",
+        ASSIGNED,
+        "pipeline: the traced modules whose engines get the lookahead",
+    ),
+    *(
+        Private(f"{_PLANNER}.{name}", ASSIGNED, f"planner: FrugalShardingPlanner {why}")
+        for name, why in [
+            ("_constraints", "sets the constraints before each plan"),
+            ("_enumerator", "rebuilds its own enumerator with them"),
+            ("_storage_reservation", "reserves memory before sizing caches"),
+            ("_topology", "reads the topology"),
+            ("_batch_size", "reads the batch size"),
+        ]
+    ),
+    *(
+        Private(f"torchrec.distributed.planner.{p.key}", SHIMMED, f"patches: the {p.name} shim")
+        for p in PATCHES
+        if p.name.startswith("_")
+    ),
+]
+# Every private name of TorchRec or torch the glue (torchrec_frugal/torchrec/) relies on, by path.
+THIRD_PARTY_PRIVATES: Dict[str, Private] = {p.path: p for p in _PRIVATES}
 
 _originals: Dict[Tuple[str, str], Callable[..., Any]] = {}
 

@@ -1,0 +1,554 @@
+"""Per-step cost model of synchronous embedding training on the ranks of one machine.
+
+For a workload (tables, id distributions, batch, dense model), a plan (sharding, cache ratio,
+lookahead) and a hardware profile (:mod:`torchrec_frugal.profiles`), it predicts the time of one
+training step as a sum of named terms, for Frugal and for TorchRec's table_wise, row_wise,
+table_row_wise and data_parallel shardings. Every figure it returns is a prediction; the formulas
+and the sources of the profiles' constants are in ``docs/cost_model.md``.
+
+No TorchRec import here: the planner integration (``torchrec_frugal.torchrec``) calls into this.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .profiles import HardwareProfile
+
+FRUGAL = "frugal"
+STOCK_SHARDINGS = ("table_wise", "row_wise", "table_row_wise", "data_parallel")
+SHARDINGS = (FRUGAL,) + STOCK_SHARDINGS
+TERMS = (
+    "dense_compute", "dense_allreduce", "framework", "embedding_lookup", "embedding_update",
+    "input_all_to_all", "output_all_to_all", "table_allreduce", "host_reads", "gradient_exchange",
+    "flush_inline", "engine_host", "gate_stall", "contention",
+)  # fmt: skip
+"""Every term a step can have; a sharding leaves the ones it does not pay at 0."""
+F32 = 4
+INDEX_BYTES = 8  # int64 ids in TorchRec's KJT
+LENGTH_BYTES = 4
+MEMORY_HEADROOM = 0.9  # share of device memory a plan may fill
+
+
+# ---------------------------------------------------------------------------- id distributions
+@dataclass(frozen=True)
+class RowDistribution:
+    """Access probabilities of one table's rows, hottest first, as groups of equal probability.
+
+    Group g holds ``count[g]`` rows of probability ``prob[g]`` each (one draw = one id of a batch).
+    Groups keep every formula vectorized and a billion-row Zipf table small (log-spaced tail).
+    """
+
+    prob: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def zipf(cls, rows: int, s: float, exact_head: int = 1024, ratio: float = 1.01) -> "RowDistribution":
+        """Truncated Zipf(s) over ``rows`` ranks (what ``workload.ZipfIds`` draws): rank i has
+        probability i^-s / H. The first ``exact_head`` ranks are exact; beyond, log-spaced groups
+        whose rows share the group's mean of x^-s (integral over the group's rank range)."""
+        head = min(rows, exact_head)
+        ranks = np.arange(1, head + 1, dtype=np.float64)
+        w = [ranks ** (-s)]
+        n = [np.ones(head)]
+        if rows > head:
+            k = int(np.ceil(np.log(rows / head) / np.log(ratio))) + 1
+            edges = np.unique(np.round(head * ratio ** np.arange(k + 1)).astype(np.int64))
+            edges = np.concatenate([edges[edges < rows], [rows]])  # group (edges[j], edges[j+1]]
+            lo, hi = edges[:-1] + 0.5, edges[1:] + 0.5
+            cnt = (edges[1:] - edges[:-1]).astype(np.float64)
+            integral = np.log(hi / lo) if abs(s - 1.0) < 1e-12 else (hi ** (1 - s) - lo ** (1 - s)) / (1 - s)
+            w.append(integral / cnt)
+            n.append(cnt)
+        weights, counts = np.concatenate(w), np.concatenate(n)
+        return cls(weights / float((weights * counts).sum()), counts)
+
+    @classmethod
+    def uniform(cls, rows: int) -> "RowDistribution":
+        return cls(np.array([1.0 / rows]), np.array([float(rows)]))
+
+    @classmethod
+    def from_counts(cls, counts: Sequence[float]) -> "RowDistribution":
+        """From per-row id counts of a pre-sample or a trace (rows never seen: probability 0)."""
+        c = np.asarray(counts, dtype=np.float64).reshape(-1)
+        if c.size == 0 or (c < 0).any() or c.sum() <= 0:
+            raise ValueError("counts must be non-negative with a positive sum")
+        values, mult = np.unique(c, return_counts=True)
+        order = np.argsort(-values)
+        return cls(values[order] / c.sum(), mult[order].astype(np.float64))
+
+    @property
+    def rows(self) -> int:
+        return int(round(self.count.sum()))
+
+    def touched(self, draws: float) -> np.ndarray:
+        """Per group: probability that a row is drawn at least once in ``draws`` draws."""
+        return -np.expm1(draws * np.log1p(-np.minimum(self.prob, 1.0 - 1e-15)))
+
+    def expected_unique(self, draws: float) -> float:
+        """Expected distinct rows among ``draws`` independent draws: sum_i 1 - (1 - p_i)^draws."""
+        return float((self.count * self.touched(draws)).sum())
+
+    def top(self, k: float) -> np.ndarray:
+        """Rows of each group among the ``k`` hottest rows."""
+        before = np.concatenate([[0.0], np.cumsum(self.count)[:-1]])
+        return np.clip(k - before, 0.0, self.count)
+
+    def hot_set(self, k: float, presample_draws: Optional[float] = None) -> np.ndarray:
+        """Rows of each group in a hot set of ``k`` rows picked by counting ids.
+
+        With ``presample_draws`` None the hot set is the true top k. Otherwise the rows seen in a
+        pre-sample of that many draws come first, hottest first (a row is seen with probability
+        1 - (1 - p)^draws); if fewer than k rows were seen, the rest are unseen rows in row order,
+        which is random with respect to heat (ids are permuted).
+        """
+        if presample_draws is None:
+            return self.top(k)
+        seen = self.count * self.touched(presample_draws)
+        before = np.concatenate([[0.0], np.cumsum(seen)[:-1]])
+        w = np.clip(k - before, 0.0, seen)
+        rest = max(0.0, k - float(w.sum()))
+        unseen = self.count - seen
+        if rest > 0 and unseen.sum() > 0:
+            w = w + unseen * min(1.0, rest / float(unseen.sum()))
+        return w
+
+
+# ---------------------------------------------------------------------------- workload and plan
+@dataclass(frozen=True)
+class CostTable:
+    """One embedding table: rows, dim, ids per sample, and how its ids are distributed."""
+
+    name: str
+    rows: int
+    dim: int
+    distribution: RowDistribution
+    pooling: float = 1.0  # ids per sample (TorchRec's pooling factor)
+
+    @classmethod
+    def zipf(cls, name: str, rows: int, dim: int, s: float, pooling: float = 1.0) -> "CostTable":
+        return cls(name, rows, dim, RowDistribution.zipf(rows, s), pooling)
+
+
+@dataclass(frozen=True)
+class DenseModel:
+    """The dense part of the model: forward FLOPs per sample, parameters, operators per forward."""
+
+    flops_per_sample: float
+    params: int
+    ops: int
+
+    @classmethod
+    def mlps(cls, *stacks: Sequence[int], extra_flops: float = 0.0, extra_ops: int = 0) -> "DenseModel":
+        """MLP stacks given as layer widths (input first); 2 FLOPs per multiply-add, 3 operators
+        per layer (matmul, bias, activation)."""
+        flops, params, ops = extra_flops, 0, extra_ops
+        for widths in stacks:
+            for a, b in zip(widths, widths[1:]):
+                flops += 2.0 * a * b
+                params += a * b + b
+                ops += 3
+        return cls(flops, params, ops)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step trains: every rank takes ``batch_size`` samples of all tables."""
+
+    tables: Tuple[CostTable, ...]
+    dense: DenseModel
+    batch_size: int
+    world_size: int
+    threads_per_rank: Optional[int] = None  # cpu: intra-op threads per rank (None: cores // ranks)
+    state_floats_per_row: float = 1.0  # optimizer state per row: row-wise Adagrad 1, SGD 0, Adam 2 x dim
+    dense_state_floats: float = 1.0  # dense optimizer state per parameter (Adagrad 1)
+    presample_draws: Optional[float] = None  # ids per table counted to pick Frugal's hot rows; None: exact
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.world_size < 1:
+            raise ValueError("batch_size and world_size must be >= 1")
+        if not self.tables:
+            raise ValueError("a workload needs at least one table")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the tables are trained: one sharding for every table, Frugal's cache ratio and L."""
+
+    sharding: str
+    cache_ratio: float = 0.05
+    lookahead: int = 10
+
+    def __post_init__(self) -> None:
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"unknown sharding {self.sharding!r}; choose one of {SHARDINGS}")
+        if not 0.0 <= self.cache_ratio <= 1.0 or self.lookahead < 0:
+            raise ValueError("cache_ratio must be in [0, 1] and lookahead >= 0")
+
+
+@dataclass
+class StepCost:
+    """A predicted step: its terms (seconds, summing to ``step_s``) and what they add up to."""
+
+    sharding: str
+    terms: Dict[str, float]
+    samples_per_second: float
+    fits: bool  # the plan's tables and caches fit in device memory
+    memory_bytes_per_device: float
+    background_s: float = 0.0  # Frugal's host work beside the step, per rank (flushers; the lookahead worker on an accelerator)
+    details: Dict[str, float] = field(default_factory=dict)  # hit ratio, rows per step, bytes moved
+
+    @property
+    def step_s(self) -> float:
+        return sum(self.terms.values())
+
+    def to_json(self) -> Dict[str, object]:
+        return {"samples_per_second": self.samples_per_second, "step_ms": 1e3 * self.step_s,
+                "terms_ms": {k: 1e3 * v for k, v in self.terms.items()}, "fits": self.fits,
+                "memory_gib_per_device": self.memory_bytes_per_device / 2**30,
+                "background_ms": 1e3 * self.background_s, "details": self.details}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- table traffic
+@dataclass(frozen=True)
+class TableTraffic:
+    """Per-step row counts of one table (expectations, per rank unless named otherwise)."""
+
+    ids: float  # ids of one rank's batch
+    unique_rank: float  # distinct rows of one rank's batch
+    unique_all: float  # distinct rows of all ranks' batches together
+    hit_ratio: float = 0.0  # frugal: share of a rank's ids found in its own cache
+    host_rows: float = 0.0  # frugal: distinct rows a rank reads from host
+    owned_fresh_rows: float = 0.0  # frugal: uncached rows an owner updates (accelerator: read from host first)
+    flushed_rows: float = 0.0  # frugal: rows an owner writes to host per step
+    inline_rows: float = 0.0  # frugal: of which due at the very next step (written on the training thread)
+
+
+def flush_rate(updated: np.ndarray, read_by_others: np.ndarray, lookahead: int) -> np.ndarray:
+    """Host writes per step of one row with pending updates, under Frugal's lookahead.
+
+    ``updated`` u: probability the row is updated in a step (some rank reads it); ``read_by_others``
+    q: probability a rank other than its owner reads it from host. L = 0 (write-through): every
+    update is written, rate u. L >= 1: an update followed by a read of another rank within the
+    window is written eagerly (u (1 - (1 - q)^L)); updates with no such read are deferred and
+    coalesce into one write per later read of another rank (q (1 - q)^L). L -> infinity gives u
+    (every update is eventually seen in the window); hot rows (u = q = 1) give 1 per step. The
+    deferred-rows cap (``FrugalConfig.max_deferred_rows``) is not modelled.
+    """
+    if lookahead == 0:
+        return updated
+    miss = (1.0 - read_by_others) ** lookahead
+    return updated * (1.0 - miss) + read_by_others * miss
+
+
+def table_traffic(t: CostTable, w: Workload, plan: Plan, device_is_host: bool) -> TableTraffic:
+    """The row counts one table costs per step under ``plan`` (docs/cost_model.md, "Traffic")."""
+    d, W = t.distribution, w.world_size
+    ids = w.batch_size * t.pooling
+    base = TableTraffic(ids=ids, unique_rank=d.expected_unique(ids), unique_all=d.expected_unique(W * ids))
+    if plan.sharding != FRUGAL:
+        return base
+    # Hot rows: W * floor(c N) hottest (by pre-sample), dealt round-robin: each rank holds 1/W of them.
+    k = min(t.rows, W * int(plan.cache_ratio * t.rows + 1e-9)) if plan.cache_ratio < 1.0 else t.rows
+    hot = d.hot_set(k, w.presample_draws)
+    own_hot_unique = float((hot * d.touched(ids)).sum()) / W
+    u, q = d.touched(W * ids), d.touched((W - 1) * ids)
+    rate = flush_rate(u, q, plan.lookahead)
+    inline = u if plan.lookahead == 0 else u * q
+    # On a CPU device an owner updates uncached rows in place in host memory: only cached rows flush.
+    rows_flushing = hot if device_is_host else d.count
+    return replace(
+        base,
+        hit_ratio=float((hot * d.prob).sum()) / W,
+        host_rows=max(0.0, base.unique_rank - own_hot_unique),
+        owned_fresh_rows=float(((d.count - hot) * u).sum()) / W,
+        flushed_rows=float((rows_flushing * rate).sum()) / W,
+        inline_rows=float((rows_flushing * inline).sum()) / W,
+    )
+
+
+# ---------------------------------------------------------------------------- primitive costs
+class Primitives:
+    """Seconds of the elementary operations of a step on one profile with ``world`` ranks."""
+
+    def __init__(self, hw: HardwareProfile, world: int) -> None:
+        self.hw = hw
+        self.world = world
+
+    def _shared_bw(self, bw: float) -> float:
+        """Without peer-to-peer, every rank's bytes cross host memory twice (written by the
+        sender's device, read by the receiver's): W ranks at once share host_mem_bw / (2 W)."""
+        return bw if self.hw.p2p else min(bw, self.hw.host_mem_bw / (2.0 * self.world))
+
+    def all_to_all(self, bytes_sent: float) -> float:
+        """One all-to-all where each rank sends ``bytes_sent`` to its W - 1 peers in total:
+        (W - 1) x latency + bytes / bandwidth."""
+        if self.world == 1 or bytes_sent <= 0:
+            return 0.0
+        return (self.world - 1) * self.hw.a2a_latency_s + bytes_sent / self._shared_bw(self.hw.a2a_bw)
+
+    def all_reduce(self, nbytes: float) -> float:
+        """Ring all-reduce: 2 (W - 1) steps, each rank sending 2 (W - 1) / W of the buffer."""
+        if self.world == 1 or nbytes <= 0:
+            return 0.0
+        steps = 2 * (self.world - 1)
+        return steps * self.hw.allreduce_latency_s + steps / self.world * nbytes / self._shared_bw(self.hw.allreduce_bw)
+
+    def dense(self, flops: float, ops: float, threads: int) -> float:
+        speed = self.hw.dense_flops_per_s * (1.0 + (threads - 1) * self.hw.dense_thread_efficiency)
+        return flops / speed + ops * self.hw.op_overhead_s
+
+    def device_gather(self, rows: float, row_bytes: float) -> float:
+        """Random rows read in device memory: at least one 128-byte line per row."""
+        return rows * max(row_bytes, 128.0) / self.hw.device_gather_bw
+
+    def device_scatter(self, rows: float, row_bytes: float) -> float:
+        return rows * max(row_bytes, 128.0) / self.hw.device_scatter_bw
+
+    def device_stream(self, nbytes: float) -> float:
+        return nbytes / self.hw.device_mem_bw
+
+    def host_read(self, rows: float, row_bytes: float) -> float:
+        """Distinct host rows read by the device in row order (the engine's order)."""
+        return 0.0 if rows <= 0 else rows * row_bytes / self.hw.host_read_bw(rows, row_bytes)
+
+    def host_write(self, rows: float, row_bytes: float) -> float:
+        return rows * max(row_bytes, 128.0) / self.hw.host_write_bw
+
+    def memcpy(self, nbytes: float) -> float:
+        return nbytes / self.hw.host_memcpy_bw
+
+    def h2d(self, nbytes: float) -> float:
+        return 0.0 if self.hw.device_is_host else nbytes / self.hw.h2d_bw
+
+    def d2h(self, nbytes: float) -> float:
+        return 0.0 if self.hw.device_is_host else nbytes / self.hw.d2h_bw
+
+
+def assign_tables(costs: Sequence[float], ranks: int) -> List[List[int]]:
+    """Tables to ranks, largest cost first onto the least loaded rank (what TorchRec's greedy
+    partitioner does for table_wise): the step waits for the most loaded rank."""
+    loads = [0.0] * ranks
+    out: List[List[int]] = [[] for _ in range(ranks)]
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        r = min(range(ranks), key=lambda r: loads[r])
+        loads[r] += costs[i]
+        out[r].append(i)
+    return out
+
+
+# ---------------------------------------------------------------------------- the model
+DEVICE_TERMS = ("dense_compute", "embedding_lookup", "embedding_update")
+HOST_TERMS = ("framework", "engine_host", "gradient_exchange", "flush_inline", "host_reads")
+
+
+class CostModel:
+    """Predicted step time of a plan on a hardware profile, term by term."""
+
+    def __init__(self, hw: HardwareProfile) -> None:
+        self.hw = hw
+
+    def threads(self, w: Workload) -> int:
+        if not self.hw.device_is_host:
+            return 1
+        return w.threads_per_rank or max(1, self.hw.host_cores // w.world_size)
+
+    def predict(self, w: Workload, plan: Plan) -> StepCost:
+        p = Primitives(self.hw, w.world_size)
+        traffic = [table_traffic(t, w, plan, self.hw.device_is_host) for t in w.tables]
+        terms = dict.fromkeys(TERMS, 0.0)
+        terms.update(self._common(w, p))
+        if plan.sharding == FRUGAL:
+            body, mem, background, details = self._frugal(w, plan, p, traffic)
+        else:
+            body, mem = self._stock(w, plan.sharding, p, traffic)
+            background, details = 0.0, {}
+        terms.update(body)
+        if plan.sharding == FRUGAL and plan.lookahead > 0 and not self.hw.device_is_host:
+            # Flushers run beside the step; the gate waits only for what they cannot finish in it.
+            terms["gate_stall"] = max(0.0, background - sum(terms.values()))
+        terms["contention"] = self._contention(w, terms, background)
+        step = sum(terms.values())
+        dense_bytes = w.dense.params * F32 * (2.0 + w.dense_state_floats)
+        return StepCost(
+            sharding=plan.sharding,
+            terms=terms,
+            samples_per_second=w.world_size * w.batch_size / step,
+            fits=mem + dense_bytes <= MEMORY_HEADROOM * self.hw.device_memory_bytes,
+            memory_bytes_per_device=mem + dense_bytes,
+            background_s=background,
+            details={"ids_per_rank": sum(t.ids for t in traffic),
+                     "unique_rows_per_rank": sum(t.unique_rank for t in traffic), **details},  # fmt: skip
+        )
+
+    def _common(self, w: Workload, p: Primitives) -> Dict[str, float]:
+        """Dense forward + backward (3x the forward FLOPs) and the dense optimizer, DDP's
+        all-reduce of the dense gradients, and the training loop's own time."""
+        d = w.dense
+        optimizer = p.device_stream(d.params * F32 * (3.0 + 2.0 * w.dense_state_floats))
+        ids = sum(w.batch_size * t.pooling for t in w.tables)
+        return {
+            "dense_compute": p.dense(3.0 * d.flops_per_sample * w.batch_size, 3 * d.ops, self.threads(w)) + optimizer,
+            "dense_allreduce": p.all_reduce(d.params * F32),
+            "framework": self.hw.framework_step_s + self.hw.framework_id_s * ids,
+        }
+
+    # ------------------------------------------------------------------ TorchRec
+    def _stock(self, w: Workload, sharding: str, p: Primitives, tr: List[TableTraffic]) -> Tuple[Dict[str, float], float]:
+        """TorchRec's fused TBE kernels (lookup, then the optimizer on the distinct rows in the
+        backward) plus its all-to-alls; returns (terms, bytes of tables per device)."""
+        W, B, T = w.world_size, w.batch_size, len(w.tables)
+        rb = [t.dim * F32 for t in w.tables]
+        sb = [t.dim * F32 + w.state_floats_per_row * F32 for t in w.tables]  # a row with its state
+
+        def lookup(i: int, ids: float, rows: float) -> float:
+            """Each distinct row comes from memory once; every id costs the kernel's per-id work
+            (repeats of a row hit the caches: kernel_id_s is measured on a cache-resident table)."""
+            return p.device_gather(rows, rb[i]) + ids * self.hw.kernel_id_s
+
+        def update(i: int, rows: float) -> float:
+            return p.device_gather(rows, sb[i]) + p.device_scatter(rows, sb[i])
+
+        dim_sum = sum(t.dim for t in w.tables)
+        ids_sent = sum(t.ids for t in tr) * (W - 1) / W
+        terms: Dict[str, float] = {}
+        if sharding == "table_wise":
+            costs = [lookup(i, W * t.ids, t.unique_all) + update(i, t.unique_all) for i, t in enumerate(tr)]
+            ranks = assign_tables(costs, W)
+            busiest = max(ranks, key=lambda r: sum(costs[i] for i in r))
+            terms["embedding_lookup"] = sum(lookup(i, W * tr[i].ids, tr[i].unique_all) for i in busiest)
+            terms["embedding_update"] = sum(update(i, tr[i].unique_all) for i in busiest)
+            terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + B * T * LENGTH_BYTES * (W - 1) / W)
+            # pooled embeddings out in the forward, their gradients back in the backward
+            terms["output_all_to_all"] = 2 * p.all_to_all(B * dim_sum * F32 * (W - 1) / W)
+            mem = max(sum(w.tables[i].rows * sb[i] for i in r) for r in ranks)
+        elif sharding in ("row_wise", "table_row_wise"):
+            # One machine: table_row_wise shards every table row-wise over the host's ranks, as row_wise.
+            terms["embedding_lookup"] = sum(lookup(i, t.ids, t.unique_all / W) + p.device_stream(W * B * w.tables[i].dim * F32)
+                                            for i, t in enumerate(tr))  # fmt: skip
+            terms["embedding_update"] = sum(update(i, t.unique_all / W) for i, t in enumerate(tr))
+            terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + (W - 1) * B * T * LENGTH_BYTES)
+            # partial sums of all W x B samples: reduce-scatter forward, all-gather of gradients backward
+            terms["output_all_to_all"] = 2 * p.all_to_all((W - 1) * B * dim_sum * F32)
+            mem = sum(t.rows * sb[i] for i, t in enumerate(w.tables)) / W
+        elif sharding == "data_parallel":
+            terms["embedding_lookup"] = sum(lookup(i, t.ids, t.unique_rank) for i, t in enumerate(tr))
+            # dense gradients of whole tables: zero + accumulate, then the dense optimizer over every row
+            terms["embedding_update"] = sum(p.device_stream(t.rows * (2 * rb[i] + 3 * rb[i] + 2 * (sb[i] - rb[i])))
+                                            for i, t in enumerate(w.tables))  # fmt: skip
+            terms["table_allreduce"] = p.all_reduce(sum(t.rows * rb[i] for i, t in enumerate(w.tables)))
+            mem = sum(t.rows * (rb[i] + sb[i]) for i, t in enumerate(w.tables))
+        else:
+            raise ValueError(f"unknown stock sharding {sharding!r}")
+        return terms, mem
+
+    # ------------------------------------------------------------------ Frugal
+    def _frugal(
+        self, w: Workload, plan: Plan, p: Primitives, tr: List[TableTraffic]
+    ) -> Tuple[Dict[str, float], float, float, Dict[str, float]]:
+        """Frugal's step: device lookups of the rank's cached rows, host reads of every other
+        distinct row, gradients exchanged through host memory, the owners' updates, the rows due
+        next step written on the training thread, the rest flushed in the background.
+        Returns (terms, bytes per device, background host seconds beside the step, details)."""
+        W = w.world_size
+        hw = self.hw
+        sf = w.state_floats_per_row * F32
+        terms: Dict[str, float] = {}
+        lookup = reads = update = exchange = inline = background = mem = 0.0
+        for t, x in zip(w.tables, tr):
+            rb = t.dim * F32
+            # the rank's own cached rows from its device memory (each distinct row once), the rest from host
+            lookup += p.device_gather(x.unique_rank - x.host_rows, rb) + x.ids * hw.kernel_id_s
+            reads += p.host_read(x.host_rows, rb)
+            owned = x.unique_all / W
+            if hw.device_is_host:
+                update += p.device_gather(owned, rb + sf) + p.device_scatter(owned, rb + sf)
+            else:  # uncached owned rows come into dynamic slots (weights and state) before the update
+                reads += p.host_read(x.owned_fresh_rows, rb + sf)
+                update += p.device_gather(owned, rb + sf) + p.device_scatter(owned, rb + sf)
+            # stage this rank's rows + gradients, the owners read theirs from every rank's mailbox
+            exchange += p.d2h(x.unique_rank * rb) + 2 * p.memcpy(x.unique_rank * (rb + INDEX_BYTES)) + p.h2d(owned * rb)
+            inline += p.host_write(x.inline_rows, rb + sf)
+            background += p.host_write(x.flushed_rows - x.inline_rows, rb + sf)
+            mem += int(plan.cache_ratio * t.rows + 1e-9) * (rb + sf)
+        unique = sum(x.unique_rank for x in tr)
+        terms["embedding_lookup"] = lookup
+        terms["host_reads"] = reads
+        terms["embedding_update"] = update
+        terms["gradient_exchange"] = exchange + (hw.sync_latency_s if W > 1 else 0.0)
+        terms["flush_inline"] = inline
+        # The lookahead's bookkeeping: on the training thread on a CPU device, in a worker thread
+        # beside the step on an accelerator (FrugalConfig.lookahead_worker's defaults).
+        window = unique * hw.lookahead_row_s if plan.lookahead else 0.0
+        terms["engine_host"] = hw.engine_step_s + unique * hw.engine_row_s + (window if hw.device_is_host else 0.0)
+        background += 0.0 if hw.device_is_host else window
+        ids = sum(x.ids for x in tr)
+        details = {
+            "cache_hit_ratio": sum(x.hit_ratio * x.ids for x in tr) / ids,
+            "host_rows_per_rank": sum(x.host_rows for x in tr),
+            "rows_flushed_per_step": W * sum(x.flushed_rows for x in tr),
+            "cache_ratio": plan.cache_ratio,
+            "lookahead": float(plan.lookahead),
+        }
+        return terms, mem, background, details
+
+    # ------------------------------------------------------------------ sharing the machine
+    def _contention(self, w: Workload, terms: Dict[str, float], background: float) -> float:
+        """Wait for a shared resource beyond the rank's own critical path.
+
+        CPU device: every term is CPU time (dense on ``threads`` threads), and W ranks plus their
+        background flushing share ``host_cores``: the step lasts at least W x CPU / cores.
+        Accelerator: ranks beyond ``devices`` share them (W / devices x device terms), and the
+        ranks' host-side terms plus background flushing share the host cores.
+        """
+        W, hw = w.world_size, self.hw
+        path = sum(terms.values())
+        if hw.device_is_host:
+            cpu = path - terms["gate_stall"] + (self.threads(w) - 1) * terms["dense_compute"] + background
+            need = W * cpu / hw.host_cores
+        else:
+            device = W * sum(terms[k] for k in DEVICE_TERMS) / hw.devices
+            host = W * (sum(terms[k] for k in HOST_TERMS) + background) / hw.host_cores
+            need = max(device, host)
+        return max(0.0, need - path)
+
+
+# ---------------------------------------------------------------------------- choosing a plan
+CACHE_RATIO_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2)
+LOOKAHEAD_CHOICES = (0, 2, 5, 10)
+
+
+def recommend_frugal(
+    model: CostModel,
+    w: Workload,
+    cache_ratios: Sequence[float] = CACHE_RATIO_CHOICES,
+    lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
+) -> Tuple[Plan, StepCost]:
+    """The cache ratio and lookahead of least predicted step time among those that fit in device
+    memory (the smallest cache if none fits); ties go to the earlier choice."""
+    best: Optional[Tuple[Plan, StepCost]] = None
+    for c in cache_ratios:
+        for L in lookaheads:
+            plan = Plan(FRUGAL, cache_ratio=c, lookahead=L)
+            cost = model.predict(w, plan)
+            if best is None or (cost.fits and not best[1].fits) or (
+                cost.fits == best[1].fits and cost.step_s < best[1].step_s * (1 - 1e-3)
+            ):
+                best = (plan, cost)
+    assert best is not None
+    return best
+
+
+def predict_all(
+    model: CostModel, w: Workload, frugal: Optional[Plan] = None, shardings: Sequence[str] = SHARDINGS
+) -> Dict[str, StepCost]:
+    """Every sharding's predicted step; Frugal with ``frugal``'s settings, or the recommended ones."""
+    out: Dict[str, StepCost] = {}
+    for s in shardings:
+        if s == FRUGAL:
+            out[s] = model.predict(w, frugal) if frugal is not None else recommend_frugal(model, w)[1]
+        else:
+            out[s] = model.predict(w, Plan(s))
+    return out

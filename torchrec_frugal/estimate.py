@@ -1,0 +1,221 @@
+"""What will Frugal do on my GPUs? Predicted samples/s of every sharding for a DLRM configuration.
+
+    python -m torchrec_frugal.estimate --config criteo-kaggle --scale 1 --gpus 8 --batch-size 1024 --hardware rtx3090
+    python -m torchrec_frugal.estimate ... --json out.json --plot out.png
+    python -m torchrec_frugal.estimate --calibrate my_machine.json [--base rtx3090] [--device cuda]
+
+Prints, for Frugal and TorchRec's table_wise, row_wise, table_row_wise and data_parallel shardings,
+the predicted samples/s, the step's terms (docs/cost_model.md) and the recommended Frugal settings
+(cache ratio and lookahead of least predicted step time). Every figure is a prediction of the cost
+model on a hardware profile (shipped: cpu, h200, rtx3090, rtx4090, a30; or a JSON file of your own).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .cost_model import (
+    FRUGAL,
+    SHARDINGS,
+    TERMS,
+    CostModel,
+    CostTable,
+    DenseModel,
+    Plan,
+    StepCost,
+    Workload,
+    predict_all,
+    recommend_frugal,
+)
+from .datasets import DATASETS, DatasetConfig, ModelConfig, SkewConfig
+from .profiles import HardwareProfile, ProfileError, builtin_profiles, load_profile
+
+PRESAMPLE_STEPS = 50  # examples/dlrm/train.py --presample-steps: batches per rank counted for the hot rows
+GPU_COUNTS = (1, 2, 4, 8)
+
+
+def dense_model(model: ModelConfig, dataset: DatasetConfig) -> DenseModel:
+    """The dense FLOPs and parameters of the DLRM example's models (examples/dlrm/train.py).
+
+    ``dlrm``: TorchRec's DLRM: dense arch on the dense features, pairwise dots of the F + 1
+    pooled vectors (2 (F + 1)^2 d FLOPs), over arch on the d + F (F + 1) / 2 interactions.
+    ``mlp``: the authors' benchmark MLP on the concatenated pooled embeddings and dense features.
+    """
+    F, d, dense_in = dataset.num_sparse, model.embedding_dim, dataset.dense_width
+    if model.kind == "mlp":
+        return DenseModel.mlps((dense_in + F * d,) + tuple(model.mlp_layers), extra_ops=2)
+    over_in = d + F * (F + 1) // 2
+    return DenseModel.mlps(
+        (dense_in,) + tuple(model.dense_arch_layers),
+        (over_in,) + tuple(model.over_arch_layers),
+        extra_flops=2.0 * (F + 1) ** 2 * d,
+        extra_ops=6,  # stack, bmm, triangle gather, concat, loss, sigmoid
+    )
+
+
+def dlrm_workload(
+    config: str,
+    world_size: int,
+    batch_size: int,
+    scale: Optional[float] = None,
+    model: str = "dlrm",
+    skew: SkewConfig = SkewConfig(),
+    presample_steps: int = PRESAMPLE_STEPS,
+    threads_per_rank: Optional[int] = None,
+    min_rows: int = 1000,
+) -> Workload:
+    """The DLRM example's workload: one id per sample and table, Zipf(s) ids as its synthetic data
+    draws them (s by table size), hot rows counted over ``presample_steps`` batches of every rank
+    (0: the true hottest rows)."""
+    if config not in DATASETS:
+        raise ValueError(f"unknown config {config!r}; choose one of {sorted(DATASETS)}")
+    ds = DATASETS[config]
+    m = ModelConfig(kind=model)
+    rows = ds.rows(scale, min_rows)
+    tables = tuple(CostTable.zipf(n, r, m.embedding_dim, skew.s_for(r)) for n, r in zip(ds.table_names(), rows))
+    return Workload(
+        tables=tables,
+        dense=dense_model(m, ds),
+        batch_size=batch_size,
+        world_size=world_size,
+        threads_per_rank=threads_per_rank,
+        presample_draws=float(presample_steps * batch_size * world_size) if presample_steps else None,
+    )
+
+
+# ---------------------------------------------------------------------------- report
+def breakdown_table(costs: Dict[str, StepCost]) -> str:
+    """Markdown: one column per sharding, one row per non-zero term (ms), then the totals."""
+    names = list(costs)
+    used = [t for t in TERMS if any(c.terms[t] > 0 for c in costs.values())]
+    lines = ["| term (ms per step) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for t in used:
+        lines.append(f"| {t} | " + " | ".join(f"{1e3 * costs[n].terms[t]:.3f}" for n in names) + " |")
+    lines.append("| **step** | " + " | ".join(f"**{1e3 * costs[n].step_s:.3f}**" for n in names) + " |")
+    lines.append("| samples/s | " + " | ".join(f"{costs[n].samples_per_second:,.0f}" for n in names) + " |")
+    lines.append("| fits in device memory | " + " | ".join(
+        f"{'yes' if costs[n].fits else 'no'} ({costs[n].memory_bytes_per_device / 2**30:.2f} GiB)" for n in names) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def best_sharding(costs: Dict[str, StepCost]) -> str:
+    fitting = [n for n, c in costs.items() if c.fits] or list(costs)
+    return max(fitting, key=lambda n: costs[n].samples_per_second)
+
+
+def scaling(hw: HardwareProfile, args: argparse.Namespace, counts: Sequence[int]) -> Dict[str, List[float]]:
+    """Predicted samples/s of every sharding (Frugal with its recommended settings) per GPU count."""
+    out: Dict[str, List[float]] = {s: [] for s in SHARDINGS}
+    model = CostModel(hw)
+    for n in counts:
+        w = dlrm_workload(args.config, n, args.batch_size, args.scale, args.model, presample_steps=args.presample_steps)
+        for s, c in predict_all(model, w, _fixed_frugal(args)).items():
+            out[s].append(c.samples_per_second)
+    return out
+
+
+def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s, ys in curves.items():
+        ax.plot(counts, ys, marker="o", label=s, linewidth=2.5 if s == FRUGAL else 1.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(counts), [str(c) for c in counts])
+    ax.set_xlabel("GPUs (ranks)")
+    ax.set_ylabel("predicted samples/s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fixed_frugal(args: argparse.Namespace) -> Optional[Plan]:
+    if args.cache_ratio is None and args.lookahead is None:
+        return None
+    return Plan(FRUGAL, cache_ratio=0.05 if args.cache_ratio is None else args.cache_ratio,
+                lookahead=10 if args.lookahead is None else args.lookahead)  # fmt: skip
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle")
+    ap.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's; 1 = the real dataset)")
+    ap.add_argument("--gpus", type=int, default=8, help="ranks (GPUs, or CPU ranks on the cpu profile)")
+    ap.add_argument("--batch-size", type=int, default=1024, help="per rank")
+    ap.add_argument("--hardware", default="rtx3090", help=f"a profile name ({', '.join(builtin_profiles())}) or a JSON file")
+    ap.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm")
+    ap.add_argument("--cache-ratio", type=float, default=None, help="frugal: fix the cache ratio (default: recommend one)")
+    ap.add_argument("--lookahead", type=int, default=None, help="frugal: fix L (default: recommend one)")
+    ap.add_argument("--presample-steps", type=int, default=PRESAMPLE_STEPS,
+                    help="batches per rank counted to pick the hot rows (0: the true hottest rows)")
+    ap.add_argument("--json", type=Path, help="write the prediction here")
+    ap.add_argument("--plot", type=Path, help="draw predicted samples/s against GPU count here (PNG)")
+    ap.add_argument("--calibrate", type=Path, metavar="PATH", help="measure this machine and write its profile to PATH")
+    ap.add_argument("--base", default=None, help="--calibrate: profile for what cannot be measured (default: cpu, or h200 with --device cuda)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--calibrate: the device ranks train on")
+    args = ap.parse_args(argv)
+    if args.gpus < 1 or args.batch_size < 1:
+        ap.error("--gpus and --batch-size must be >= 1")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.calibrate:
+            from .calibrate import calibrate
+
+            base = load_profile(args.base or ("h200" if args.device == "cuda" else "cpu"))
+            calibrate(str(args.calibrate), base, args.calibrate.stem, args.device)
+            return 0
+        hw = load_profile(args.hardware)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    w = dlrm_workload(args.config, args.gpus, args.batch_size, args.scale, args.model, presample_steps=args.presample_steps)
+    model = CostModel(hw)
+    fixed = _fixed_frugal(args)
+    costs = predict_all(model, w, fixed)
+    plan = fixed or recommend_frugal(model, w)[0]
+    rows = sum(t.rows for t in w.tables)
+    best = best_sharding(costs)
+    head = (f"{args.config} ({len(w.tables)} tables, {rows:,} rows, dim {w.tables[0].dim}), {args.model}, "
+            f"{args.gpus} ranks x batch {args.batch_size} on {hw.name}: {hw.description}")  # fmt: skip
+    print(head + "\n\nPREDICTED by the cost model (docs/cost_model.md), not measured:\n")
+    print(breakdown_table(costs))
+    fr = costs[FRUGAL]
+    print(f"\nfrugal settings: cache ratio {plan.cache_ratio:g}, lookahead L={plan.lookahead}"
+          + (" (fixed)" if fixed else " (recommended: least predicted step time)")
+          + f"; predicted cache hits {100 * fr.details['cache_hit_ratio']:.1f}%, "
+          f"{fr.details['host_rows_per_rank']:,.0f} host rows per rank and step, "
+          f"background flushing {1e3 * fr.background_s:.3f} ms per step")  # fmt: skip
+    print(f"fastest predicted sharding that fits: {best} ({costs[best].samples_per_second:,.0f} samples/s)")
+    if args.json:
+        doc = {
+            "prediction": True,
+            "config": args.config, "scale": args.scale, "model": args.model, "gpus": args.gpus,
+            "batch_size": args.batch_size, "hardware": hw.name, "rows": rows,
+            "recommended": {"sharding": best, "cache_ratio": plan.cache_ratio, "lookahead": plan.lookahead},
+            "shardings": {n: {**c.to_json(), "terms": {k: v for k, v in c.terms.items()}} for n, c in costs.items()},
+        }  # fmt: skip
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        counts = sorted(set(GPU_COUNTS) | {args.gpus})
+        plot(args.plot, counts, scaling(hw, args, counts), head.split(": ")[0] + " (predicted)")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Hardware profiles of the cost model: typed constants of one machine, stored as JSON.
+
+The profiles shipped here (``cpu``, ``h200``, ``rtx3090``, ``rtx4090``, ``a30``) are data files beside
+this module; ``docs/cost_model.md`` gives the source of every constant. A user writes a profile of
+their own as a JSON file with the fields of :class:`HardwareProfile` (all required), or measures one
+with ``python -m torchrec_frugal.estimate --calibrate PATH``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, List, Tuple, Union
+
+DEVICE_KINDS = ("cpu", "cuda")
+_DIR = Path(__file__).resolve().parent
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine: N devices (GPUs, or the cores of a CPU) sharing one host memory.
+
+    Bandwidths in bytes/s, times in seconds. "Device" is where a rank trains: a GPU, or host
+    memory and one core on a CPU machine (``device == "cpu"``: no host<->device copies).
+    """
+
+    name: str
+    description: str
+    device: str  # "cpu" or "cuda"
+    devices: int  # GPUs in the box (cpu: cores); ranks beyond it share devices
+    host_cores: int  # cores for the ranks' host-side work and their background threads
+    device_memory_bytes: float  # per device
+    p2p: bool  # devices exchange data directly; False: collectives bounce through host memory
+    # dense compute
+    dense_flops_per_s: float  # fp32 MLP forward+backward throughput of one rank (cpu: one thread)
+    dense_thread_efficiency: float  # cpu: speed-up of each extra intra-op thread (0..1); gpu: 0
+    op_overhead_s: float  # launch/dispatch time of one dense operator
+    # the training loop around the model (TorchRec pipeline, input batch, optimizers)
+    framework_step_s: float  # fixed per step
+    framework_id_s: float  # per sparse id of the rank's batch (KJT handling, input data)
+    # embedding kernels in device memory
+    device_gather_bw: float  # random 128-byte rows gathered in device memory
+    device_scatter_bw: float  # random 128-byte rows written in device memory
+    device_mem_bw: float  # streaming device memory (dense optimizer, whole-table updates)
+    kernel_id_s: float  # per id: pooling and gradient accumulation of TorchRec's TBE kernel
+    # host memory and the host link
+    host_memcpy_bw: float  # one host thread copying contiguous memory
+    host_mem_bw: float  # whole host memory system (bounds host-bounced collectives)
+    host_read_random_bw: float  # device reads of random 128-byte host rows (large table)
+    host_read_sorted: List[Tuple[float, float]]  # (distinct rows read in row order, bytes/s)
+    host_write_bw: float  # device writes of random 128-byte rows into host memory (flush)
+    h2d_bw: float  # pinned host-to-device copy (cpu: ignored)
+    d2h_bw: float  # pinned device-to-host copy (cpu: ignored)
+    # collectives between ranks
+    a2a_bw: float  # bytes one rank sends per second in an all-to-all (p2p or host-bounced)
+    a2a_latency_s: float  # per peer and call
+    allreduce_bw: float  # bus bandwidth of an all-reduce
+    allreduce_latency_s: float  # per call and ring step
+    # the Frugal engine's host-side work on the training thread
+    engine_step_s: float  # fixed per step (gate, announce, metrics)
+    engine_row_s: float  # per distinct row of the step (lookup plan, exchange, queue)
+    lookahead_row_s: float  # per distinct announced row when L > 0 (window bookkeeping)
+    sync_latency_s: float  # one barrier of the ranks through shared memory
+    notes: str = ""
+    extra: Dict[str, Any] = field(default_factory=dict)  # free-form facts (measured points, dates)
+
+    @property
+    def device_is_host(self) -> bool:
+        return self.device == "cpu"
+
+    def host_read_bw(self, rows: float, row_bytes: float, ordered: bool = True) -> float:
+        """Bytes/s of reading ``rows`` distinct host rows of ``row_bytes``.
+
+        Rows read in row order (the engine's order) follow the measured curve, interpolated in
+        log(rows); random order gets ``host_read_random_bw``. Rows wider than 128 bytes: the random
+        rate scales with the row size up to the ordered rate (per-row translation costs dominate
+        small rows: docs/gpu.md and gpu-h200 measurements, dim 32 against dim 128).
+        """
+        random = self.host_read_random_bw * max(1.0, row_bytes / 128.0)
+        if not ordered:
+            return min(random, self.host_read_sorted[-1][1])
+        xs = [math.log(max(r, 1.0)) for r, _ in self.host_read_sorted]
+        ys = [bw for _, bw in self.host_read_sorted]
+        x = math.log(max(rows, 1.0))
+        if x <= xs[0]:
+            sorted_bw = ys[0]
+        elif x >= xs[-1]:
+            sorted_bw = ys[-1]
+        else:
+            i = next(k for k in range(1, len(xs)) if xs[k] >= x)
+            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            sorted_bw = ys[i - 1] + w * (ys[i] - ys[i - 1])
+        return max(sorted_bw, min(random, ys[-1]))
+
+    def to_json(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["host_read_sorted"] = [list(p) for p in self.host_read_sorted]
+        return d
+
+    def save(self, path: Union[str, Path]) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
+_OPTIONAL = {"notes", "extra"}
+_NONNEGATIVE = {"dense_thread_efficiency", "op_overhead_s", "framework_step_s", "framework_id_s", "kernel_id_s",
+                "a2a_latency_s", "allreduce_latency_s", "engine_step_s", "engine_row_s", "lookahead_row_s",
+                "sync_latency_s"}  # fmt: skip
+
+
+def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProfile:
+    """Check every field of ``d`` and build the profile; errors name ``where`` and the field."""
+    if not isinstance(d, dict):
+        raise ProfileError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    known = {f.name: f for f in fields(HardwareProfile)}
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ProfileError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    missing = [n for n in known if n not in d and n not in _OPTIONAL]
+    if missing:
+        raise ProfileError(f"{where}: missing field(s) {', '.join(missing)}")
+    out: Dict[str, Any] = {}
+    for name, f in known.items():
+        if name not in d:
+            continue
+        v = d[name]
+        if name in ("name", "description", "notes"):
+            if not isinstance(v, str):
+                raise ProfileError(f"{where}: field {name!r} must be a string, got {v!r}")
+        elif name == "device":
+            if v not in DEVICE_KINDS:
+                raise ProfileError(f"{where}: field 'device' must be one of {DEVICE_KINDS}, got {v!r}")
+        elif name == "p2p":
+            if not isinstance(v, bool):
+                raise ProfileError(f"{where}: field 'p2p' must be true or false, got {v!r}")
+        elif name in ("devices", "host_cores"):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ProfileError(f"{where}: field {name!r} must be an integer >= 1, got {v!r}")
+        elif name == "host_read_sorted":
+            v = _curve(v, where)
+        elif name == "extra":
+            if not isinstance(v, dict):
+                raise ProfileError(f"{where}: field 'extra' must be an object, got {v!r}")
+        else:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise ProfileError(f"{where}: field {name!r} must be a finite number, got {v!r}")
+            if v < 0 or (v == 0 and name not in _NONNEGATIVE):
+                raise ProfileError(f"{where}: field {name!r} must be {'>= 0' if name in _NONNEGATIVE else '> 0'}, got {v!r}")
+            v = float(v)
+        out[name] = v
+    if out["dense_thread_efficiency"] > 1:
+        raise ProfileError(f"{where}: field 'dense_thread_efficiency' must be in [0, 1], got {out['dense_thread_efficiency']}")
+    return HardwareProfile(**out)
+
+
+def _curve(v: Any, where: str) -> List[Tuple[float, float]]:
+    err = ProfileError(f"{where}: field 'host_read_sorted' must be a list of [rows, bytes_per_s] pairs "
+                       f"with rows increasing and both > 0, got {v!r}")  # fmt: skip
+    if not isinstance(v, list) or not v:
+        raise err
+    pts: List[Tuple[float, float]] = []
+    for p in v:
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in p)):
+            raise err
+        pts.append((float(p[0]), float(p[1])))
+    if any(b[0] <= a[0] for a, b in zip(pts, pts[1:])):
+        raise err
+    return pts
+
+
+def builtin_profiles() -> List[str]:
+    """Names of the profiles shipped with the package."""
+    return sorted(p.stem for p in _DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: Union[str, Path]) -> HardwareProfile:
+    """A shipped profile by name (``cpu``, ``h200``, ...) or a profile JSON file by path."""
+    p = Path(name_or_path)
+    if not p.suffix and str(name_or_path) in builtin_profiles():
+        p = _DIR / f"{name_or_path}.json"
+    if not p.is_file():
+        raise ProfileError(f"no profile {str(name_or_path)!r}: not a file, and not one of {builtin_profiles()}")
+    try:
+        d = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{p}: not valid JSON ({e})") from None
+    return profile_from_dict(d, str(p))

@@ -1,17 +1,29 @@
-"""What the example training scripts share: process-group set-up, planner topology, collective
-gathers, argument checks, progress and summary output, and the Frugal engines' statistics."""
+"""What the example training scripts share: process-group set-up, the sharder, its planner and its
+train pipeline under ``--sharder``, collective gathers, argument checks, progress and summary
+output, and the Frugal engines' statistics."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.distributed.planner import Topology
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import ShardingPlan, ShardingType
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from torchrec_frugal import FrugalConfig
+from torchrec_frugal.test_utils import free_port
+
+SHARDERS = ("torchrec", "frugal")
 
 
 def topology(world: int, local_world: int, device: torch.device) -> Topology:
@@ -94,12 +106,89 @@ def require_cuda_fbgemm(device: torch.device, what: str) -> None:
         )
 
 
-def free_port() -> int:
-    import socket
+def add_frugal_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that tune Frugal (``--sharder frugal``) beyond the cache ratio and the lookahead."""
+    p.add_argument("--queue", choices=("two_level", "heap"), default="two_level", help="frugal: pending-write queue (heap: ablation)")
+    p.add_argument("--flush-workers", type=int, default=1, help="frugal: background flusher threads per rank")
+    p.add_argument("--max-deferred-rows", type=int, default=FrugalConfig.max_deferred_rows,
+                   help="frugal: rows with no read in the window that may wait before the flushers drain them")  # fmt: skip
+    p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def frugal_config(args: argparse.Namespace) -> FrugalConfig:
+    """Frugal's configuration from the command line (``--cache-ratio``, ``--lookahead`` and :func:`add_frugal_arguments`'s)."""
+    return FrugalConfig(
+        lookahead=args.lookahead,
+        cache_ratio=args.cache_ratio,
+        queue=args.queue,
+        flush_workers=args.flush_workers,
+        max_deferred_rows=args.max_deferred_rows,
+    )
+
+
+def stock_constraints(tables: Sequence[str], sharding: str) -> Dict[str, ParameterConstraints]:
+    """Every table of ``tables`` on the stock ``sharding``, with its kernel: dense for data_parallel, fused otherwise."""
+    dense = sharding == ShardingType.DATA_PARALLEL.value
+    kernel = (EmbeddingComputeKernel.DENSE if dense else EmbeddingComputeKernel.FUSED).value
+    return {t: ParameterConstraints(sharding_types=[sharding], compute_kernels=[kernel]) for t in tables}
+
+
+def shard_plan(
+    args: argparse.Namespace,
+    model: nn.Module,
+    device: torch.device,
+    tables: Sequence[str],
+    stock_sharder: Callable[[], nn.Module],
+    frugal_sharder: Callable[[FrugalConfig], nn.Module],
+) -> Tuple[nn.Module, ShardingPlan]:
+    """(sharder, plan) of ``--sharder`` (collective: rank 0 plans, the others receive the plan).
+
+    torchrec: ``stock_sharder()`` under TorchRec's planner, every table of ``tables`` on ``--sharding``.
+    frugal: ``frugal_sharder(config)`` under FrugalShardingPlanner, which sizes the caches (at most
+    ``--cache-ratio`` per rank, less if device memory is short).
+    """
+    pg = dist.GroupMember.WORLD
+    world = dist.get_world_size(pg)
+    topo = topology(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device)
+    if args.sharder == "frugal":
+        from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+
+        config = frugal_config(args)
+        sharder = frugal_sharder(config)
+        planner: Any = FrugalShardingPlanner(topology=topo, config=config)
+    else:
+        sharder = stock_sharder()
+        planner = EmbeddingShardingPlanner(topology=topo, constraints=stock_constraints(tables, args.sharding))
+    return sharder, planner.collective_plan(model, [sharder], pg)
+
+
+def planned_cache_ratio(plan: ShardingPlan) -> Optional[float]:
+    """The smallest cache ratio the plan gives a frugal table (None without one): read from the
+    plan itself, which rank 0 made and broadcast."""
+    from torchrec_frugal.torchrec import FRUGAL
+
+    ratios = {
+        ps.cache_params.load_factor
+        for module_plan in plan.plan.values()
+        for ps in module_plan.values()  # type: ignore[attr-defined]
+        if ps.sharding_type == FRUGAL and ps.cache_params is not None
+    }
+    return min(ratios) if ratios else None
+
+
+def combined_optimizer(dmp: nn.Module, dense: Callable[[List[torch.Tensor]], torch.optim.Optimizer]) -> CombinedOptimizer:
+    """The tables' fused optimizer (it steps in backward) with ``dense(params)`` for every other parameter."""
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())), dense)
+    return CombinedOptimizer([dmp.fused_optimizer, dense_opt])  # type: ignore[list-item]
+
+
+def train_pipeline(args: argparse.Namespace, dmp: nn.Module, opt: Any, device: torch.device) -> Any:
+    """The train pipeline of ``--sharder``: Frugal's lookahead pipeline, or TorchRec's TrainPipelineSparseDist."""
+    if args.sharder == "frugal":
+        from torchrec_frugal.torchrec import FrugalTrainPipeline
+
+        return FrugalTrainPipeline(dmp, opt, device, lookahead=args.lookahead)
+    return TrainPipelineSparseDist(dmp, opt, device)
 
 
 def gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -102,17 +102,9 @@ def _append(path: Path, *fields: str) -> None:
         f.write("\t".join(x.replace("\t", " ").replace("\n", " ").replace("|", "\\|") for x in fields) + "\n")
 
 
-def record_suite(
-    res: Path,
-    name: str,
-    rc: int,
-    log: str,
-    summary: Optional[Dict[str, Any]],
-    allow_skips: bool = False,
-    expect: Optional[str] = None,
-    summary_expected: bool = False,
-) -> bool:
-    text, passed = suite_result(rc, log, summary, allow_skips, expect, summary_expected)
+def record_suite(res: Path, name: str, result: Tuple[str, bool]) -> bool:
+    """Append a suite's :func:`suite_result` to both tables of ``res``; returns whether it passed."""
+    text, passed = result
     _append(res / "tests.tsv", name, text)
     _append(res / "status.tsv", name, "pass" if passed else "fail")
     return passed
@@ -157,9 +149,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.cmd == "suite":
         log = Path(args.log).read_text(errors="replace") if Path(args.log).exists() else ""
         summary = json.loads(Path(args.summary).read_text()) if args.summary and Path(args.summary).exists() else None
-        passed = record_suite(
-            Path(args.res), args.name, args.rc, log, summary, args.allow_skips, args.expect, args.summary is not None
-        )
+        result = suite_result(args.rc, log, summary, args.allow_skips, args.expect, args.summary is not None)
+        passed = record_suite(Path(args.res), args.name, result)
         print(f"[{'pass' if passed else 'FAIL'}] {args.name}", flush=True)
         return 0
     code, failed = verdict(Path(args.res))

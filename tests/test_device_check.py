@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Dict
+from typing import Dict, Tuple
 
 import pytest
 import torch
@@ -62,36 +62,36 @@ def _run(cmd: list, env: Dict[str, str], cwd: Path) -> subprocess.CompletedProce
 
 
 # ---------------------------------------------------------------------------------------------- the check
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_check_refuses_without_a_gpu(tmp_path: Path) -> None:
+def _check_with_smi(tmp_path: Path, smi: str, env: Dict[str, str]) -> Tuple[subprocess.CompletedProcess, str, bool]:
+    """Run device_check.sh from a copy of the repository with ``smi`` as nvidia-smi: (result, its
+    output, whether docs/gpu.md is unchanged)."""
     root = _copy_repo(tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'NVIDIA-SMI has failed: no driver' >&2\nexit 9\n")
+    _executable(bin_dir / "nvidia-smi", smi)
     before = (root / "docs" / "gpu.md").read_text()
     r = _run(["bash", str(root / "scripts" / "device_check.sh")],
-             {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}, root)
+             {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:{os.environ['PATH']}", **env}, root)  # fmt: skip
     out = r.stdout + r.stderr  # the check sends everything to its log and the terminal
+    return r, out, (root / "docs" / "gpu.md").read_text() == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_check_refuses_without_a_gpu(tmp_path: Path) -> None:
+    r, out, docs_unchanged = _check_with_smi(tmp_path, "#!/bin/sh\necho 'NVIDIA-SMI has failed: no driver' >&2\nexit 9\n", {})
     assert r.returncode == 2, out
     assert "device check not run: no NVIDIA GPU here" in out
-    assert (root / "docs" / "gpu.md").read_text() == before
+    assert docs_unchanged
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_check_refuses_a_torch_without_cuda(tmp_path: Path) -> None:
     """A GPU is listed but python's torch cannot use it: nothing runs, exit 2, a clear message."""
-    root = _copy_repo(tmp_path)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'Fake GPU, 1.0, 1024 MiB'\n")
-    before = (root / "docs" / "gpu.md").read_text()
-    r = _run(["bash", str(root / "scripts" / "device_check.sh")],
-             {"OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable}, root)
-    out = r.stdout + r.stderr
+    r, out, docs_unchanged = _check_with_smi(tmp_path, "#!/bin/sh\necho 'Fake GPU, 1.0, 1024 MiB'\n", {"PYTHON": sys.executable})
     assert r.returncode == 2, out
     assert "Fake GPU" in out and "torch sees no CUDA device" in out
     assert "has no CUDA build of torch that sees the GPU" in out
-    assert (root / "docs" / "gpu.md").read_text() == before
+    assert docs_unchanged
     assert (tmp_path / "out" / "status.tsv").read_text() == ""  # no suite ran
 
 
@@ -190,8 +190,8 @@ def test_cli_records_suites_and_the_verdict_fails_loudly(tmp_path: Path) -> None
 def test_report_renders_the_suites_into_docs_gpu_md(tmp_path: Path) -> None:
     """The table the check records goes through benchmarks/bench_gpu.py's renderer (placeholder figures)."""
     res = tmp_path
-    report.record_suite(res, "CUDA unit tests", 0, PYTEST_OK, None)
-    report.record_suite(res, "dlrm example, 4 rank(s)", 0, "x\n", DLRM_SUMMARY, summary_expected=True)
+    report.record_suite(res, "CUDA unit tests", report.suite_result(0, PYTEST_OK, None))
+    report.record_suite(res, "dlrm example, 4 rank(s)", report.suite_result(0, "x\n", DLRM_SUMMARY, summary_expected=True))
     with (res / "tests.tsv").open("a") as f:
         f.write("stack\tPython 3.12.3, torch 2.11.0+cu130, torchrec 1.6.1\n")
     bench = _load(REPO / "benchmarks" / "bench_gpu.py", "bench_gpu")

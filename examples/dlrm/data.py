@@ -23,7 +23,7 @@ import glob
 import itertools
 import math
 import os
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -263,6 +263,17 @@ def _tsv_row(row: List[str]) -> Tuple[List[int], List[int], int]:
     return dense, sparse, label
 
 
+def _passes(one_pass: Callable[[], Iterator[Batch]], repeat: bool) -> Iterator[Batch]:
+    """The batches of ``one_pass()``; with ``repeat``, pass after pass until a pass yields none."""
+    while True:
+        produced = False
+        for b in one_pass():
+            produced = True
+            yield b
+        if not repeat or not produced:
+            return
+
+
 def tsv_paths(path: str) -> List[str]:
     """A TSV file, or every ``*.tsv`` / ``*.txt`` / ``day_*`` file of a directory (sorted)."""
     if os.path.isdir(path):
@@ -299,11 +310,11 @@ def criteo_tsv_batches(
     layout = _KJTLayout(_criteo_keys(dataset))
     mod = np.asarray(rows, dtype=np.int64)[:, None]
     per_round = batch_size * world_size
-    while True:
+
+    def one_pass() -> Iterator[Batch]:
         buf_d: List[List[int]] = []
         buf_s: List[List[int]] = []
         buf_l: List[int] = []
-        produced = False
         for dense, sparse, label in criteo_terabyte(list(paths), row_mapper=_tsv_row):
             buf_d.append(dense)
             buf_s.append(sparse)
@@ -314,10 +325,9 @@ def criteo_tsv_batches(
                 s = np.asarray(buf_s[lo:hi], dtype=np.int64).T % mod
                 lab = np.asarray(buf_l[lo:hi], dtype=np.float32)
                 buf_d, buf_s, buf_l = [], [], []
-                produced = True
                 yield make_batch(layout, d, s, lab)
-        if not repeat or not produced:
-            return
+
+    yield from _passes(one_pass, repeat)
 
 
 def npy_files(path: str) -> Tuple[List[str], List[str], List[str]]:
@@ -371,10 +381,9 @@ def criteo_npy_batches(
         mmap_mode=mmap,
         hashes=list(rows),
     )
-    while True:
-        produced = False
+
+    def one_pass() -> Iterator[Batch]:
         for b in pipe:
-            produced = True
             sf = b.sparse_features
             if sf.values().dtype != torch.int64:
                 sf = KeyedJaggedTensor(
@@ -390,5 +399,5 @@ def criteo_npy_batches(
                 sparse_features=sf,
                 labels=b.labels.to(torch.float32).reshape(-1),
             )
-        if not repeat or not produced:
-            return
+
+    yield from _passes(one_pass, repeat)

@@ -32,6 +32,7 @@ its throughput figures cover the steps it ran and leave out the time spent savin
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -52,26 +53,27 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.datasets.utils import Batch
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.models.dlrm import DLRM, DLRMTrain, OverArch, SparseArch
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_frugal import FrugalConfig
 
 from examples import checkpointing
 from examples.common import (
+    SHARDERS,
     FrugalStats,
+    add_frugal_arguments,
     check_steps,
+    combined_optimizer,
     gather_cat,
     init_distributed,
+    planned_cache_ratio,
     progress_bar,
     require_cuda_fbgemm,
-    topology,
+    shard_plan,
+    train_pipeline,
     write_summary,
 )
 from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
@@ -84,7 +86,6 @@ from examples.dlrm.data import (
     tsv_paths,
 )
 
-SHARDERS = ("torchrec", "frugal")
 # What a checkpoint keeps of the metrics, per rank: the loss, logit and label windows and the first window.
 METRIC_BUFFERS = ("losses", "logits", "labels", "first_logits", "first_labels")
 STOCK_SHARDINGS = (ShardingType.TABLE_WISE.value, ShardingType.ROW_WISE.value, ShardingType.DATA_PARALLEL.value)
@@ -150,67 +151,12 @@ def fused_params(cfg: RunConfig) -> Dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": cfg.embedding_lr, "eps": 1e-8}
 
 
-def torchrec_sharding(
-    args: argparse.Namespace, cfg: RunConfig, model: nn.Module, device: torch.device, pg: dist.ProcessGroup
-) -> Tuple[nn.Module, Any]:
-    """(sharder, plan): stock sharder, stock planner constrained to ``--sharding`` for every table."""
-    sharder = StockSharder(fused_params=fused_params(cfg))
-    kernel = (
-        EmbeddingComputeKernel.DENSE.value
-        if args.sharding == ShardingType.DATA_PARALLEL.value
-        else EmbeddingComputeKernel.FUSED.value
-    )
-    constraints = {
-        t: ParameterConstraints(sharding_types=[args.sharding], compute_kernels=[kernel])
-        for t in cfg.dataset.table_names()
-    }
-    world, local = dist.get_world_size(pg), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg)))
-    planner = EmbeddingShardingPlanner(topology=topology(world, local, device), constraints=constraints)
-    plan = planner.collective_plan(model, [sharder], pg)  # type: ignore[list-item]
-    return sharder, plan
+def frugal_sharder(cfg: RunConfig, presample: Dict[str, torch.Tensor], config: FrugalConfig) -> nn.Module:
+    """Frugal's sharder of the tables, imported on use: the import installs Frugal's planner shims,
+    which stock runs go without."""
+    from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder
 
-
-def frugal_sharding(
-    args: argparse.Namespace,
-    cfg: RunConfig,
-    model: nn.Module,
-    device: torch.device,
-    pg: dist.ProcessGroup,
-    presample: Dict[str, torch.Tensor],
-) -> Tuple[nn.Module, Any, Dict[str, Any]]:
-    """(sharder, plan, planner facts) of Frugal: every table "frugal"; FrugalShardingPlanner sizes
-    the caches (at most ``--cache-ratio`` per rank, less if device memory is short)."""
-    from torchrec_frugal import FrugalConfig
-    from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
-    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
-
-    config = FrugalConfig(
-        lookahead=cfg.lookahead,
-        cache_ratio=cfg.cache_ratio,
-        queue=args.queue,
-        flush_workers=args.flush_workers,
-        max_deferred_rows=args.max_deferred_rows,
-    )
-    sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused_params(cfg), config=config, presample_counts=presample)
-    world, local = dist.get_world_size(pg), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(pg)))
-    planner = FrugalShardingPlanner(topology=topology(world, local, device), config=config)
-    plan = planner.collective_plan(model, [sharder], pg)
-    # collective_plan plans on rank 0 and broadcasts: read the ratio from the plan itself.
-    ratios = {
-        ps.cache_params.load_factor
-        for module_plan in plan.plan.values()
-        for ps in module_plan.values()  # type: ignore[attr-defined]
-        if ps.sharding_type == FRUGAL and ps.cache_params is not None
-    }
-    return sharder, plan, {"planned_cache_ratio": min(ratios) if ratios else None}
-
-
-def make_pipeline(args: argparse.Namespace, cfg: RunConfig, model: nn.Module, opt: Any, device: torch.device) -> Any:
-    if args.sharder == "frugal":
-        from torchrec_frugal.torchrec import FrugalTrainPipeline
-
-        return FrugalTrainPipeline(model, opt, device, lookahead=cfg.lookahead)
-    return TrainPipelineSparseDist(model, opt, device)
+    return FrugalEmbeddingBagCollectionSharder(fused_params=fused_params(cfg), config=config, presample_counts=presample)
 
 
 # ---------------------------------------------------------------------------- data
@@ -242,8 +188,6 @@ def data_iterator(
 
 # ---------------------------------------------------------------------------- training
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from torchrec_frugal import FrugalConfig
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle")
     p.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's, fits 24 GiB)")
@@ -261,11 +205,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dense-optimizer", choices=("adagrad", "sgd"), default="adagrad")
     p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy"), default="synthetic")
     p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of *_{dense,sparse,labels}.npy")
-    p.add_argument("--queue", choices=("two_level", "heap"), default="two_level", help="frugal: pending-write queue (heap: ablation)")
-    p.add_argument("--flush-workers", type=int, default=1, help="frugal: background flusher threads per rank")
-    p.add_argument("--max-deferred-rows", type=int, default=FrugalConfig.max_deferred_rows,
-                   help="frugal: rows with no read in the window that may wait before the flushers drain them")
-    p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
+    add_frugal_arguments(p)
     p.add_argument("--loader-workers", type=int, default=0,
                    help="synthetic data: worker processes that make batches ahead, off the training thread")
     p.add_argument("--seed", type=int, default=0)
@@ -334,19 +274,20 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     batches, presample = data_iterator(args, cfg, rows, rank, world, start)
     model = build_model(cfg, rows, device)
     t_setup = time.perf_counter()
-    if args.sharder == "frugal":
-        sharder, plan, plan_info = frugal_sharding(args, cfg, model, device, pg, presample)
-    else:
-        sharder, plan = torchrec_sharding(args, cfg, model, device, pg)
-        plan_info = {}
+    sharder, plan = shard_plan(
+        args,
+        model,
+        device,
+        cfg.dataset.table_names(),
+        lambda: StockSharder(fused_params=fused_params(cfg)),
+        functools.partial(frugal_sharder, cfg, presample),
+    )
+    plan_info = {"planned_cache_ratio": planned_cache_ratio(plan)} if args.sharder == "frugal" else {}
     dmp = DistributedModelParallel(
-        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg)
+        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg)  # type: ignore[list-item]
     )
     dense_cls = torch.optim.Adagrad if cfg.dense_optimizer == "adagrad" else torch.optim.SGD
-    dense_opt = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: dense_cls(ps, lr=cfg.dense_lr)
-    )
-    opt = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    opt = combined_optimizer(dmp, lambda ps: dense_cls(ps, lr=cfg.dense_lr))
     window = max(1, min(args.auc_window, args.steps))
     # The metric windows: a resumed run restores them, so its summary equals an uninterrupted run's.
     metric_bufs: Dict[str, List[torch.Tensor]] = {k: [] for k in METRIC_BUFFERS}
@@ -356,7 +297,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         if rank == 0:
             print(f"[checkpoint] resumed from {resume[1]} (step {start} of {args.steps})", flush=True)
     losses, logit_buf, label_buf, first_logits, first_labels = (metric_bufs[k] for k in METRIC_BUFFERS)  # updated in place
-    pipeline = make_pipeline(args, cfg, dmp, opt, device)
+    pipeline = train_pipeline(args, dmp, opt, device)
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
     bar = progress_bar(rank, args)
@@ -510,7 +451,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         write_summary(args.summary, summary)
     # Release the sharded model (Frugal engines close here) and every pending gloo/NCCL work
     # while the process group and the interpreter are fully alive.
-    del pipeline, opt, dense_opt, dmp, model, stats, batches
+    del pipeline, opt, dmp, model, stats, batches
     gc.collect()
     dist.barrier()
     return summary

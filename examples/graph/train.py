@@ -30,12 +30,13 @@ checkpoint ends with the tables and loss of an uninterrupted run.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -46,26 +47,25 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-from torchrec.distributed.types import ShardingEnv, ShardingType
-from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.distributed.types import ShardedTensor, ShardingEnv, ShardingType
+
+from torchrec_frugal import FrugalConfig
 
 from examples import checkpointing
 from examples.common import (
+    SHARDERS,
     FrugalStats,
+    add_frugal_arguments,
     check_steps,
+    combined_optimizer,
     gather_cat,
     init_distributed,
     progress_bar,
     require_cuda_fbgemm,
-    topology,
+    shard_plan,
+    train_pipeline,
     write_summary,
 )
 from examples.graph.data import DATASETS, KGData, load_dataset
@@ -83,7 +83,6 @@ from examples.graph.models import (
 )
 from examples.graph.sampler import ChunkedNegativeSampler
 
-SHARDERS = ("torchrec", "frugal")
 STOCK_SHARDINGS = (
     ShardingType.TABLE_WISE.value,
     ShardingType.ROW_WISE.value,
@@ -97,40 +96,31 @@ def fused_params(args: argparse.Namespace) -> Dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": args.lr, "eps": 1e-8}
 
 
+def frugal_sharder(args: argparse.Namespace, presample: Dict[str, torch.Tensor], config: FrugalConfig) -> nn.Module:
+    """Frugal's sharder of the entity table, imported on use: the import installs Frugal's planner
+    shims, which stock runs go without."""
+    from torchrec_frugal.torchrec import FrugalEmbeddingCollectionSharder
+
+    return FrugalEmbeddingCollectionSharder(fused_params=fused_params(args), config=config, presample_counts=presample)
+
+
 def shard(
     args: argparse.Namespace, model: KGEModel, sampler: ChunkedNegativeSampler, rank: int, device: torch.device
 ) -> Tuple[DistributedModelParallel, Dict[str, Any]]:
     """The model under ``--sharder`` (and ``--sharding``), plus facts about the plan."""
-    pg = dist.GroupMember.WORLD
-    world, local = dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-    info: Dict[str, Any] = {}
-    if args.sharder == "frugal":
-        from torchrec_frugal import FrugalConfig
-        from torchrec_frugal.torchrec import FrugalEmbeddingCollectionSharder
-        from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
-
-        config = FrugalConfig(
-            lookahead=args.lookahead, cache_ratio=args.cache_ratio, queue=args.queue, flush_workers=args.flush_workers
-        )
-        presample = sampler.presample_counts(rank, args.presample_steps)
-        sharder: nn.Module = FrugalEmbeddingCollectionSharder(
-            fused_params=fused_params(args), config=config, presample_counts=presample
-        )
-        planner: Any = FrugalShardingPlanner(topology=topology(world, local, device), config=config)
-    else:
-        sharder = EmbeddingCollectionSharder(fused_params=fused_params(args))
-        kernel = (
-            EmbeddingComputeKernel.DENSE.value
-            if args.sharding == ShardingType.DATA_PARALLEL.value
-            else EmbeddingComputeKernel.FUSED.value
-        )
-        constraints = {ENTITY_TABLE: ParameterConstraints(sharding_types=[args.sharding], compute_kernels=[kernel])}
-        planner = EmbeddingShardingPlanner(topology=topology(world, local, device), constraints=constraints)
-    plan = planner.collective_plan(model, [sharder], pg)
-    dmp = DistributedModelParallel(
-        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg)  # type: ignore[list-item]
+    presample = sampler.presample_counts(rank, args.presample_steps) if args.sharder == "frugal" else {}
+    sharder, plan = shard_plan(
+        args,
+        model,
+        device,
+        [ENTITY_TABLE],
+        lambda: EmbeddingCollectionSharder(fused_params=fused_params(args)),
+        functools.partial(frugal_sharder, args, presample),
     )
-    info["sharding"] = next(ps.sharding_type for mp in plan.plan.values() for ps in mp.values())  # type: ignore[attr-defined]
+    dmp = DistributedModelParallel(
+        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(dist.GroupMember.WORLD)  # type: ignore[list-item]
+    )
+    info = {"sharding": next(ps.sharding_type for mp in plan.plan.values() for ps in mp.values())}  # type: ignore[attr-defined]
     return dmp, info
 
 
@@ -234,9 +224,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--sharding", choices=STOCK_SHARDINGS, default="table_wise", help="torchrec: sharding of the entity table")
     p.add_argument("--cache-ratio", type=float, default=0.05, help="frugal: entity rows cached per rank")
     p.add_argument("--lookahead", type=int, default=10, help="frugal: lookahead window L")
-    p.add_argument("--queue", choices=("two_level", "heap"), default="two_level")
-    p.add_argument("--flush-workers", type=int, default=1)
-    p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
+    add_frugal_arguments(p)
     p.add_argument("--eval-split", choices=("test", "valid"), default="test")
     p.add_argument("--eval-triples", type=int, default=0, help="rank only the first N triples of the split (0: all)")
     p.add_argument("--eval-batch", type=int, default=256)
@@ -288,15 +276,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
     data = read_data(args, rank)
-    cfg = KGEConfig(
-        model=args.model,
-        dim=args.dim,
-        gamma=args.gamma,
-        loss=args.loss,
-        margin=args.margin,
-        adversarial_temperature=args.adversarial_temperature,
-        regularization=args.regularization,
-    )
+    cfg = KGEConfig(**{f.name: getattr(args, f.name) for f in fields(KGEConfig)})  # the options carry its field names
     sampler = ChunkedNegativeSampler(
         data.train, data.num_entities, args.batch_size, args.chunk_size, args.negatives, world, seed=args.seed
     )
@@ -317,22 +297,14 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     dmp, plan_info = shard(args, model, sampler, rank, device)
     if args.sharder == "torchrec":
         seed_entity_table(dmp, cfg, args.seed)
-    dense_opt = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr)
-    )
-    opt = CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+    opt = combined_optimizer(dmp, lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr))
     losses: List[torch.Tensor] = []
     if resume:
         local = ckpt.load(resume[1], dmp, opt)
         losses = [t.to(device) for t in local["losses"]]  # the summary's loss window spans the resume
         if rank == 0:
             print(f"[checkpoint] resumed from {resume[1]} (step {start} of {args.steps})", flush=True)
-    if args.sharder == "frugal":
-        from torchrec_frugal.torchrec import FrugalTrainPipeline
-
-        pipeline: Any = FrugalTrainPipeline(dmp, opt, device, lookahead=args.lookahead)
-    else:
-        pipeline = TrainPipelineSparseDist(dmp, opt, device)
+    pipeline = train_pipeline(args, dmp, opt, device)
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
 
@@ -447,7 +419,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             Path(args.save_entities).parent.mkdir(parents=True, exist_ok=True)
             torch.save({"entities": entities, "relations": relations}, args.save_entities)
     # Release the sharded model (Frugal engines close here) while the process group is alive.
-    del pipeline, opt, dense_opt, dmp, model, stats, batches
+    del pipeline, opt, dmp, model, stats, batches
     gc.collect()
     dist.barrier()
     return summary

@@ -34,10 +34,10 @@ the training thread (flushes the gate or the gradient exchange did themselves), 
 flushed per step (all ranks together), cache hit ratio, samples/s (all ranks together), and the
 CPU seconds per step of the training thread, the background threads (flushers and the lookahead worker) and the whole rank process.
 
-Instrumentation reaches into the engine (``_flush_once``, ``control.wait``, ``_flushers``,
-``queue``, ``store``) by wrapping, without changing what it does; it follows the engine's
-internals and must follow them when they change. The machine's load from other processes during
-the run is measured from /proc/stat and printed: on a shared machine it moves every wall time.
+Waits by kind and flush time by thread come from the engine's own StepMetrics (``wait_s``,
+``train_thread_flush_s``, ``flusher_thread_flush_s``); the background threads from
+``background_threads``. The machine's load from other processes during the run is measured from
+/proc/stat and printed: on a shared machine it moves every wall time.
 """
 from __future__ import annotations
 
@@ -46,23 +46,20 @@ import cProfile
 import gc
 import io
 import json
-import multiprocessing as mp
 import os
 import platform
 import pstats
-import socket
 import statistics
 import sys
-import threading
 import time
-import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from torchrec_frugal.test_utils import git_state, machine_busy_s, own_cpu_s, run_ranks  # noqa: E402
 
 MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
 
@@ -90,33 +87,6 @@ def mode_config(mode: str, args: argparse.Namespace):
 
 
 # ---------------------------------------------------------------------------------- one rank
-class FlushTimer:
-    """Wraps an engine's ``_flush_once`` to time flushes by thread (training thread vs flushers).
-
-    Instrumentation only: the engine looks the method up on the instance at every call, so the
-    gate, the gradient exchange and the flusher threads all go through the wrapper.
-    """
-
-    def __init__(self, eng: Any) -> None:
-        self.inner = eng._flush_once
-        self.main = threading.get_ident()
-        self.main_s = 0.0
-        self.bg_s = 0.0
-        self.main_rows_before = 0
-        eng._flush_once = self
-
-    def __call__(self, *a: Any, **k: Any) -> bool:
-        t0 = time.perf_counter()
-        did = self.inner(*a, **k)
-        if did:
-            dt = time.perf_counter() - t0
-            if threading.get_ident() == self.main:
-                self.main_s += dt
-            else:
-                self.bg_s += dt
-        return did
-
-
 def thread_cpu_s(native_ids: List[int]) -> float:
     """CPU seconds (user + system) of threads of this process, from /proc (10 ms resolution)."""
     total = 0
@@ -131,23 +101,6 @@ def thread_cpu_s(native_ids: List[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-class WaitTimer:
-    """Wraps an engine's ``control.wait`` to add up the seconds waited per kind of wait."""
-
-    KINDS = (("the gate", "gate"), ("gradients of step", "exchange"), ("owners to ingest", "ring"))
-
-    def __init__(self, control: Any) -> None:
-        self.inner = control.wait
-        self.s = {"gate": 0.0, "exchange": 0.0, "ring": 0.0, "other": 0.0}
-        control.wait = self
-
-    def __call__(self, lagging: Any, what: str, idle: Any = None) -> float:
-        waited = self.inner(lagging, what, idle)
-        kind = next((k for prefix, k in self.KINDS if what.startswith(prefix)), "other")
-        self.s[kind] += waited
-        return waited
-
-
 def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: Dict[str, Any],
              solo_pg: Any, bar: Any) -> Dict[str, Any]:
     import torch
@@ -155,6 +108,7 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
 
     from torchrec_frugal.config import OptimizerSpec, TableSpec
     from torchrec_frugal.engine import FrugalEngine
+    from torchrec_frugal.gate import WAIT_EXCHANGE
 
     cfg = mode_config(mode, args)
     tables = [TableSpec(f"t{i}", n, args.dim) for i, n in enumerate(data["table_rows"])]
@@ -167,8 +121,6 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     t_setup = time.perf_counter()
     eng = FrugalEngine(tables, opt, cfg, pg=pg, presample_counts=counts, seed=args.seed)
     setup_s = time.perf_counter() - t_setup
-    timer = FlushTimer(eng)
-    waits = WaitTimer(eng.control)
 
     torch.manual_seed(args.seed)
     T, B, d = len(tables), args.batch, args.dim
@@ -196,7 +148,7 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     due_next = pending = 0
     profiler = cProfile.Profile() if (args.profile and args.profile == mode and rank == 0) else None
     flushed_rows0 = flushed_bytes0 = 0
-    main_flush0 = bg_flush0 = 0.0
+    main_flush = bg_flush = 0.0
     flusher_tids = [t.native_id for t in eng.background_threads]
     cpu0 = (0.0, 0.0, 0.0)
     dist.barrier()
@@ -204,13 +156,12 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     for s in range(total):
         if s == args.warmup:
             flushed_rows0, flushed_bytes0 = eng.total_rows_flushed, eng.total_bytes_flushed
-            main_flush0, bg_flush0 = timer.main_s, timer.bg_s
             cpu0 = (time.thread_time(), thread_cpu_s(flusher_tids), time.process_time())
             wall0 = time.perf_counter()
             if profiler is not None:
                 profiler.enable()
         rows = rows_all[s]
-        ex0 = waits.s["exchange"]
+        sync_wait = 0.0
         c0, t0 = time.thread_time(), time.perf_counter()
         if L and s + L < total:
             eng.push_lookahead(rows_all[s + L])
@@ -233,18 +184,21 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
         t5 = time.perf_counter()
         if sync is not None:  # the step barrier of synchronous training, without any flush
             dist.all_reduce(sync)
-            waits.s["exchange"] += time.perf_counter() - t5
+            sync_wait = time.perf_counter() - t5
         c5 = time.thread_time()
         eng.apply_gradients(uniq, grads)
         t6, c6 = time.perf_counter(), time.thread_time()
         i = s - args.warmup
         if i >= 0:
             m = eng.last_metrics
-            for k, v in (("step", t6 - t0), ("push", t1 - t0), ("begin", t2 - t1), ("gate", m.gate_wait_s), ("exchange", waits.s["exchange"] - ex0),
+            exchange = m.wait_s[WAIT_EXCHANGE] + sync_wait
+            for k, v in (("step", t6 - t0), ("push", t1 - t0), ("begin", t2 - t1), ("gate", m.gate_wait_s), ("exchange", exchange),
                          ("lookup", t3 - t2), ("dense", t4 - t3), ("coalesce", t5 - t4), ("apply", t6 - t5),
                          ("flushed", m.rows_flushed), ("cpu_engine", (c3 - c0) + (c6 - c5)), ("cpu_dense", c4 - c3)):
                 rec[k][i] = v
             hits += m.cache_hits
+            main_flush += m.train_thread_flush_s
+            bg_flush += m.flusher_thread_flush_s
             lookups += m.lookups
             due_next += int(m.queue_depth[0]) if m.queue_depth.size else 0
             pending += m.pending_rows
@@ -256,13 +210,11 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
         profiler.disable()
     rows_f = eng.total_rows_flushed - flushed_rows0
     bytes_f = eng.total_bytes_flushed - flushed_bytes0
-    main_flush = timer.main_s - main_flush0
-    bg_flush = timer.bg_s - bg_flush0
     pending_end = len(eng.queue)
     dynamic_end = eng.store.dynamic_in_use
     eng.flush()  # untimed: leaves host equal to the caches, as a checkpoint would
     eng.close()
-    del eng, timer, waits
+    del eng
     gc.collect()
     out: Dict[str, Any] = {
         "mode": mode,
@@ -290,119 +242,48 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     return out
 
 
-def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, outq: "mp.Queue") -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        import torch
-        import torch.distributed as dist
+def rank_work(rank: int, world: int, args: argparse.Namespace) -> Dict[str, Any]:
+    """One rank of the benchmark (gloo process group already up): every mode, every repetition."""
+    import torch
+    import torch.distributed as dist
 
-        from torchrec_frugal.workload import ZipfWorkload
+    from torchrec_frugal.workload import ZipfWorkload
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
-        solo = [dist.new_group([r]) for r in range(world)][rank]
+    solo = [dist.new_group([r]) for r in range(world)][rank]
+    table_rows = [max(1, int(round(n * args.rows_scale))) for n in args.tables]
+    wl = ZipfWorkload(table_rows, args.batch, s=args.zipf, seed=args.seed)
+    offsets = np.concatenate([[0], np.cumsum(table_rows)])
+    total = args.warmup + args.steps
+    rows = []
+    for s in range(total):
+        ids = wl.batch(rank, s)
+        rows.append(torch.cat([x + int(offsets[t]) for t, x in enumerate(ids)]))
+    gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
+    labels = [torch.randint(0, 2, (args.batch,), generator=gen).float() for _ in range(total)]
+    counts = wl.counts(rank, args.presample)
+    data = {"table_rows": table_rows, "rows": rows, "labels": labels, "counts": counts,
+            "counts_solo": counts}
 
-        table_rows = [max(1, int(round(n * args.rows_scale))) for n in args.tables]
-        wl = ZipfWorkload(table_rows, args.batch, s=args.zipf, seed=args.seed)
-        offsets = np.concatenate([[0], np.cumsum(table_rows)])
-        total = args.warmup + args.steps
-        rows = []
-        for s in range(total):
-            ids = wl.batch(rank, s)
-            rows.append(torch.cat([x + int(offsets[t]) for t, x in enumerate(ids)]))
-        gen = torch.Generator().manual_seed(args.seed * 7919 + rank)
-        labels = [torch.randint(0, 2, (args.batch,), generator=gen).float() for _ in range(total)]
-        counts = wl.counts(rank, args.presample)
-        data = {"table_rows": table_rows, "rows": rows, "labels": labels, "counts": counts,
-                "counts_solo": counts}
+    order = [m for m in args.modes]
+    runs: List[Dict[str, Any]] = []
+    bar = None
+    if rank == 0:
+        from tqdm import tqdm
 
-        order = [m for m in args.modes]
-        runs: List[Dict[str, Any]] = []
-        bar = None
-        if rank == 0:
-            from tqdm import tqdm
-
-            bar = tqdm(total=args.repeats * len(order) * total, unit="step", dynamic_ncols=True,
-                       file=sys.stderr, mininterval=1.0)
-        for rep in range(args.repeats):
-            rot = order[rep % len(order):] + order[: rep % len(order)]
-            for mode in rot:
-                if bar is not None:
-                    bar.set_description(f"rep {rep + 1}/{args.repeats} {mode}")
-                r = run_mode(rank, world, mode, args, data, solo, bar)
-                r["repeat"] = rep
-                runs.append(r)
-        if bar is not None:
-            bar.close()
-        unique_per_step = float(np.mean([np.unique(r.numpy()).size for r in rows[args.warmup:]]))
-        outq.put((rank, "ok", {"runs": runs, "table_rows": table_rows,
-                               "unique_rows_per_step": unique_per_step}))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        outq.put((rank, "error", traceback.format_exc()))
-        raise
-
-
-def spawn(args: argparse.Namespace) -> List[Dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    outq = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [ctx.Process(target=rank_main, args=(r, args.world, port, args, outq)) for r in range(args.world)]
-    for p in procs:
-        p.start()
-    results: Dict[int, Any] = {}
-    err = None
-    try:
-        for _ in range(args.world):
-            rank, status, payload = outq.get(timeout=3600)
-            if status != "ok":
-                err = f"rank {rank} failed:\n{payload}"
-                break
-            results[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=60 if err is None else 5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if err:
-        raise SystemExit(err)
-    return [results[r] for r in range(args.world)]
-
-
-# ---------------------------------------------------------------------------------- report
-def git_commit() -> str:
-    """HEAD of the checkout this script runs from, with '+dirty' if the engine has local edits."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "torchrec_frugal"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and its reaped children (the ranks)."""
-    import resource
-
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+        bar = tqdm(total=args.repeats * len(order) * total, unit="step", dynamic_ncols=True,
+                   file=sys.stderr, mininterval=1.0)
+    for rep in range(args.repeats):
+        rot = order[rep % len(order):] + order[: rep % len(order)]
+        for mode in rot:
+            if bar is not None:
+                bar.set_description(f"rep {rep + 1}/{args.repeats} {mode}")
+            r = run_mode(rank, world, mode, args, data, solo, bar)
+            r["repeat"] = rep
+            runs.append(r)
+    if bar is not None:
+        bar.close()
+    unique_per_step = float(np.mean([np.unique(r.numpy()).size for r in rows[args.warmup:]]))
+    return {"runs": runs, "table_rows": table_rows, "unique_rows_per_step": unique_per_step}
 
 
 def summarize_run(per_rank: List[Dict[str, Any]], args: argparse.Namespace) -> Dict[str, float]:
@@ -491,7 +372,10 @@ def main() -> None:
     load_before = os.getloadavg()
     busy0, ours0 = machine_busy_s(), own_cpu_s()
     t0 = time.perf_counter()
-    results = spawn(args)
+    try:
+        results = run_ranks(args.world, rank_work, args, timeout=3600, pg_timeout_s=300)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
     elapsed = time.perf_counter() - t0
     busy, ours = machine_busy_s() - busy0, own_cpu_s() - ours0
     foreign = max(0.0, busy - ours) / (elapsed * (os.cpu_count() or 1))
@@ -561,7 +445,7 @@ def main() -> None:
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "table_rows": table_rows,
             "unique_rows_per_rank_step": results[0]["unique_rows_per_step"],
-            "engine_commit": git_commit(),
+            "engine_commit": git_state(Path(__file__).resolve().parents[1]),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                         "torch": torch.__version__, "numpy": np.__version__},
             "wall_s": elapsed,

@@ -65,19 +65,20 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
                        device=torch.device(sc.device))
     if sc.worker_lag_s:
-        publish, lag = eng._worker._publish, random.Random(rank)
+        worker = eng.lookahead_feed.worker
+        publish, lag = worker.publish, random.Random(rank)
 
         def late(t: int, rows, idle) -> None:
             time.sleep(lag.random() * sc.worker_lag_s)
             publish(t, rows, idle)
 
-        eng._worker._publish = late
+        worker.publish = late
     if sc.sorted_reads is not None:
         eng.host.sorted_reads = sc.sorted_reads
     if sc.broken_lookahead:
         # Owners then see no future host reads, defer every flush, and the gate never waits:
         # the reference check must catch the stale reads that follow.
-        eng._mine_cached[:] = True
+        eng.ring.mine_cached[:] = True
     offsets = eng.table_offsets
     ref_w, _ = eng.read_rows()
     ref_s = torch.zeros(eng.num_rows, state_width(spec, sc.dim))

@@ -187,7 +187,7 @@ def _scenarios(world: int) -> list:
 def test_engine_exact_with_ranks_sharing_one_gpu(world: int) -> None:
     scenarios = _scenarios(world)
     results = run_ranks(world, run_scenarios, scenarios, timeout=600)
-    exact._check(world, scenarios, results)
+    exact.check_results(world, scenarios, results)
     for i, sc in enumerate(scenarios):
         for r in range(world):
             m = results[r][i]
@@ -199,7 +199,7 @@ def test_engine_exact_with_ranks_sharing_one_gpu(world: int) -> None:
 _LOW_MEMLOCK = """
 import json, resource, sys, torch
 from torchrec_frugal import shm
-from torchrec_frugal.device import HostRegistration, _can_lock_any
+from torchrec_frugal.device import HostRegistration, can_lock_any
 from torchrec_frugal.errors import FrugalError
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536))
 layout = shm.Layout([shm.Field("weights", torch.float32, (16 * 2**20 // 4,))])
@@ -210,7 +210,7 @@ try:
     out = {"registered": True, "error": ""}
 except FrugalError as e:
     out = {"registered": False, "error": str(e)}
-out["privileged"] = _can_lock_any()
+out["privileged"] = can_lock_any()
 print(json.dumps(out))
 """
 

@@ -271,7 +271,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
         monkeypatch.setattr(torch.cuda, "device", lambda d: nullcontext())
         monkeypatch.setattr(torch.cuda, "init", lambda: None)
-        monkeypatch.setattr(device_mod, "_loaded_cudart", lambda: loaded)
+        monkeypatch.setattr(device_mod, "loaded_cudart", lambda: loaded)
         return cudart
 
     return install
@@ -345,10 +345,10 @@ def test_failed_registration_says_when_the_error_stays(fake_cuda: Any) -> None:
 def test_loaded_runtime_is_the_one_in_this_process() -> None:
     """Without CUDA no libcudart is mapped here, and none is loaded anew to look for one."""
     if torch.cuda.is_available():
-        lib = device_mod._loaded_cudart()
+        lib = device_mod.loaded_cudart()
         assert lib is not None and hasattr(lib, "cudaGetLastError")
     else:
-        assert device_mod._loaded_cudart() is None
+        assert device_mod.loaded_cudart() is None
 
 
 def test_failed_registration_names_the_locked_memory_limit(fake_cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -357,7 +357,7 @@ def test_failed_registration_names_the_locked_memory_limit(fake_cuda: Any, monke
 
     fake_cuda(FakeCudart(register_error=1))
     monkeypatch.setattr(resource, "getrlimit", lambda which: (8192, 8192))
-    monkeypatch.setattr(device_mod, "_can_lock_any", lambda: False)
+    monkeypatch.setattr(device_mod, "can_lock_any", lambda: False)
     with pytest.raises(FrugalError, match=r"CUDA error 1 .*page-locking the 12288 bytes .* is 8192 bytes .*ulimit -l unlimited"):
         HostRegistration(5 * PAGE_BYTES, 3 * PAGE_BYTES, CUDA, owner=None)
     monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))

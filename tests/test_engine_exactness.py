@@ -51,7 +51,8 @@ def _matrix_4() -> list:
     ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
 
 
-def _check(world: int, scenarios: list, results: list) -> None:
+def check_results(world: int, scenarios: list, results: list) -> None:
+    """Every read and the final host tables match the reference; the negative controls fail it."""
     for i, sc in enumerate(scenarios):
         per_rank = [results[r][i] for r in range(world)]
         label = f"world={world} {sc}"
@@ -79,5 +80,5 @@ def _check(world: int, scenarios: list, results: list) -> None:
 def test_engine_matches_reference(world: int) -> None:
     scenarios = _matrix_2() if world == 2 else _matrix_4()
     results = run_ranks(world, run_scenarios, scenarios, timeout=1200)
-    _check(world, scenarios, results)
+    check_results(world, scenarios, results)
     assert list_segments() == []

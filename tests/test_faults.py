@@ -69,7 +69,7 @@ def _bad_input_checks(rank: int, world: int) -> dict:
     expect("fused_out_of_range", lambda: eng.begin_step(torch.tensor([0, 1100])))
     expect("fused_dtype", lambda: eng.begin_step(torch.tensor([0, 1], dtype=torch.int32)))
     expect("lookahead_out_of_range", lambda: eng.push_lookahead(torch.tensor([-1])))
-    unchanged = eng.step == 0 and not eng._pushed
+    unchanged = eng.step == 0 and eng.steps_ahead == 0
     # Train two good steps; the lookahead then disagrees with the batch trained.
     eng.push_lookahead(batch)
     eng.push_lookahead(batch + 1)

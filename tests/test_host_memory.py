@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from typing import Optional
 
 import pytest
 import torch
@@ -86,7 +87,7 @@ def test_segment_reservation_fails_at_creation_and_leaves_nothing(monkeypatch: p
     name = f"{shm.PREFIX}{shm.new_run_id()}_full"
     with pytest.raises(SharedMemoryFullError, match=f"segment {name} need 4096 bytes .* of shared memory in /"):
         shm.SharedSegment.create(name, shm.Layout([shm.Field("x", torch.uint8, (4096,))]))
-    assert name not in shm.list_segments() and not shm._owned
+    assert name not in shm.list_segments() and not shm.owned_paths()
 
 
 def test_segment_pages_are_reserved_at_creation() -> None:
@@ -136,13 +137,14 @@ def test_shm_dir_from_config_then_environment_then_default(monkeypatch: pytest.M
 
 def test_engine_segments_live_in_the_configured_directory(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     seen = []
-    create = shm.SharedSegment._create
+    create = shm.SharedSegment.create
 
-    def spy(self: shm.SharedSegment) -> int:
-        seen.append(os.path.dirname(self.path))
-        return create(self)
+    def spy(name: str, layout: shm.Layout, directory: Optional[str] = None) -> shm.SharedSegment:
+        seg = create(name, layout, directory)
+        seen.append(os.path.dirname(seg.path))
+        return seg
 
-    monkeypatch.setattr(shm.SharedSegment, "_create", spy)
+    monkeypatch.setattr(shm.SharedSegment, "create", staticmethod(spy))
     monkeypatch.setenv(shm.ENV_DIR, str(tmp_path))
     with FrugalEngine([TableSpec("t", 64, 4)], OptimizerSpec(kind="sgd"), FrugalConfig(lookahead=2)) as eng:
         assert eng.shm_dir == str(tmp_path)

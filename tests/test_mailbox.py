@@ -46,9 +46,9 @@ def test_ring_grows_keeping_the_announced_slots(tmp_path) -> None:
     seen = r0.segment(1)  # the reader sees the size counter move and maps the new record
     assert seen["la_rows"].shape == (RING, 8) and seen["la_rows"][2, :5].tolist() == list(range(5))
     assert seen["la_rows"][1, :3].tolist() == [5, 6, 7]
-    assert os.listdir(tmp_path) == [f"{r1._name(1, 8)}"]  # only the grown record is named
+    assert os.listdir(tmp_path) == [f"{r1.segment_name(1, 8)}"]  # only the grown record is named
     r1.own(30)  # grows past doubling when a step needs it, and drops the older name
-    assert r1.rows == 30 and os.listdir(tmp_path) == [r1._name(1, 30)]
+    assert r1.rows == 30 and os.listdir(tmp_path) == [r1.segment_name(1, 30)]
     r1.unlink_own()
     assert os.listdir(tmp_path) == []
 

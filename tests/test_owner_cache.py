@@ -190,3 +190,25 @@ def test_owner_store_growth_preserves_contents_and_reuses_slots():
     assert store.weights.shape[0] == cap
     assert set(s3.tolist()) == set(s1[:100].tolist())
     assert store.slot_of[3].item() == 0 and store.slot_of[7].item() == 1
+
+
+def test_ownership_from_presample_sums_counts_over_ranks_and_checks_them() -> None:
+    from torchrec_frugal.config import TableSpec
+    from torchrec_frugal.errors import FrugalInputError
+    from torchrec_frugal.owner_cache import ownership_from_presample
+
+    tables = [TableSpec("a", 10, 2), TableSpec("b", 20, 2)]
+    counts = [torch.zeros(10), torch.zeros(20)]
+    counts[0][7] = 5  # hot on this rank
+    counts[1][3] = 1
+    other = torch.zeros(30, dtype=torch.float64)
+    other[2] = 9  # the other rank's counts: row 2 of table a is the hottest over both
+    own = ownership_from_presample(tables, counts, 0.1, 2, lambda c: c + other)
+    assert own.cached.nonzero()[0].tolist() == [2, 7, 10, 11, 12, 13]  # 1 row of a, 2 of b per rank
+    assert own.owner[[2, 7, 13, 10, 11, 12]].tolist() == [0, 1, 0, 1, 0, 1]  # hottest first, round-robin
+    none = ownership_from_presample(tables, None, 0.0, 2, lambda c: c)
+    assert not none.cached.any() and none.owner.tolist() == [r % 2 for r in range(10)] + [r % 2 for r in range(20)]
+    with pytest.raises(FrugalInputError, match="presample_counts has 1 tensors for 2 tables"):
+        ownership_from_presample(tables, counts[:1], 0.1, 2, lambda c: c)
+    with pytest.raises(FrugalInputError, match="table 'b': presample counts have 3 entries, expected 20"):
+        ownership_from_presample(tables, [counts[0], torch.zeros(3)], 0.1, 2, lambda c: c)

@@ -73,7 +73,7 @@ def test_create_attach_share_and_unlink():
         assert seg["a"].sum().item() == sum(range(15)) and seg["b"].sum().item() == -21
     finally:
         seg.unlink()
-    assert not _exists(name) and os.path.join(shm.resolve_dir(), name) not in shm._owned
+    assert not _exists(name) and os.path.join(shm.resolve_dir(), name) not in shm.owned_paths()
     # Mappings outlive the name.
     seg["b"][0] = 11
     assert other["b"][0].item() == 11
@@ -106,9 +106,8 @@ def test_create_existing_name_fails_without_claiming_it():
     try:
         with pytest.raises(FileExistsError):
             SharedSegment.create(name, lay)
-        assert os.path.join(shm.resolve_dir(), name) not in shm._owned
+        assert os.path.join(shm.resolve_dir(), name) not in shm.owned_paths()
     finally:
-        shm._owned.pop(path, None)
         os.unlink(path)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-QUEUE_KINDS = ("two_level", "heap")
+from .priority_queue import QUEUE_KINDS
 OPTIMIZER_KINDS = ("sgd", "rowwise_adagrad", "adam")
 HOST_PATHS = ("auto", "zero_copy", "pinned")
 
@@ -69,7 +69,7 @@ class FrugalConfig:
         if self.flush_workers < 0:
             raise ValueError(f"flush_workers must be >= 0, got {self.flush_workers}")
         if self.queue not in QUEUE_KINDS:
-            raise ValueError(f"queue must be one of {QUEUE_KINDS}, got {self.queue!r}")
+            raise ValueError(f"queue must be one of {tuple(QUEUE_KINDS)}, got {self.queue!r}")
         if self.flush_chunk_rows < 1:
             raise ValueError(f"flush_chunk_rows must be >= 1, got {self.flush_chunk_rows}")
         if self.max_deferred_rows < 0:

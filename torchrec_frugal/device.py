@@ -36,7 +36,7 @@ import warnings
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -128,7 +128,7 @@ def plan_lookup(slot_of: np.ndarray, num_static: int, rows: np.ndarray, sorted_r
 
 
 # ---------------------------------------------------------------------------------------------- streams
-class _Reached:
+class Reached:
     """CPU marker: operations on a CPU device are complete when they return."""
 
     def synchronize(self) -> None:
@@ -138,10 +138,12 @@ class _Reached:
         return True
 
 
-REACHED = _Reached()
+REACHED = Reached()
+Marker = Union[torch.cuda.Event, Reached]
+"""A point on a device stream (CUDA event), or REACHED on a CPU device."""
 
 
-def _mark(device: torch.device) -> "torch.cuda.Event | _Reached":
+def _mark(device: torch.device) -> Marker:
     if device.type != "cuda":
         return REACHED
     ev = torch.cuda.Event()
@@ -156,12 +158,12 @@ class Streams:
         self.device = device
         self.side_stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
-    def mark(self) -> "torch.cuda.Event | _Reached":
+    def mark(self) -> Marker:
         """A point on the current stream: every operation enqueued so far has run once it is reached."""
         return _mark(self.device)
 
     @contextmanager
-    def side(self, after: "torch.cuda.Event | _Reached") -> Iterator[None]:
+    def side(self, after: Marker) -> Iterator[None]:
         """Run the block on the side stream, ordered after ``after`` on the device, not on the host."""
         if self.side_stream is None:
             yield
@@ -180,7 +182,7 @@ class _Staging:
         self.width = width
         self.pin = pin
         self.buf = torch.empty(0, width, dtype=torch.float32)
-        self.busy: "torch.cuda.Event | _Reached" = REACHED
+        self.busy: Marker = REACHED
 
     def take(self, n: int) -> torch.Tensor:
         self.busy.synchronize()
@@ -234,7 +236,7 @@ def registration_range(ptr: int, nbytes: int) -> Tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=1)
-def _loaded_cudart() -> Optional[ctypes.CDLL]:
+def loaded_cudart() -> Optional[ctypes.CDLL]:
     """The CUDA runtime library torch loaded (its error state is the one to clear), or None."""
     try:
         with open("/proc/self/maps") as maps:
@@ -254,7 +256,7 @@ def _get_last_error() -> Optional[Callable[[], Any]]:
     fn = getattr(torch.cuda.cudart(), "cudaGetLastError", None)
     if fn is not None:
         return fn
-    lib = _loaded_cudart()
+    lib = loaded_cudart()
     return getattr(lib, "cudaGetLastError", None) if lib is not None else None
 
 
@@ -271,7 +273,7 @@ def clear_cuda_error() -> bool:
     return True
 
 
-def _can_lock_any() -> bool:
+def can_lock_any() -> bool:
     """Whether this process may page-lock without limit (CAP_IPC_LOCK in its effective set)."""
     try:
         with open("/proc/self/status") as f:
@@ -293,7 +295,7 @@ def memlock_hint(nbytes: int, limit: Optional[int] = None, privileged: Optional[
     if limit is None:
         limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     if privileged is None:
-        privileged = _can_lock_any()
+        privileged = can_lock_any()
     if limit == resource.RLIM_INFINITY or privileged or nbytes <= limit:
         return ""
     return (
@@ -380,7 +382,7 @@ class HostTables:
         segment: object,
     ) -> None:
         self.device = device
-        self.host = tables
+        self.tables = tables
         # Host rows cross a link only on an accelerator: there, read each once, in row order.
         self.sorted_reads = device.type == "cuda"
         self._reg: Optional[HostRegistration] = None
@@ -420,8 +422,8 @@ class HostTables:
         row order, as the engine reads and writes them; the writes put back each row's own
         value, so the tables do not change.
         """
-        name = "weights" if "weights" in self.host else next(iter(self.host))
-        table = self.host[name]
+        name = "weights" if "weights" in self.tables else next(iter(self.tables))
+        table = self.tables[name]
         gen = torch.Generator().manual_seed(0)
         self.calibration = []
         for size in sorted({min(int(n), table.shape[0]) for n in sizes}):
@@ -473,7 +475,7 @@ class HostTables:
             return self.mapped[name].index_select(0, idx)
         stage = self._read_stage[name]
         buf = stage.take(rows.shape[0])
-        torch.index_select(self.host[name], 0, rows, out=buf)
+        torch.index_select(self.tables[name], 0, rows, out=buf)
         out = torch.empty(buf.shape, dtype=buf.dtype, device=self.device)
         out.copy_(buf, non_blocking=True)
         stage.busy = _mark(self.device)
@@ -500,7 +502,7 @@ class HostTables:
         buf = stage.take(rows.shape[0])
         buf.copy_(values, non_blocking=True)
         _mark(self.device).synchronize()
-        self.host[name].index_copy_(0, rows, buf)
+        self.tables[name].index_copy_(0, rows, buf)
 
     def close(self) -> None:
         """Drop the device views and unregister the host range (before it can be unmapped)."""

@@ -4,12 +4,14 @@ There is no central controller: each rank publishes how far it has got (grads st
 applied, host flushed through step t, lookahead published and ingested) in one shared int64
 block, and every wait reads those counters. The gate of step s is one such wait: it passes when
 every owner has applied the updates of step s - 1 and has no pending host write that step s reads.
-Waits watch the peers' pids and give up after a timeout, naming the rank at fault.
+Waits watch the peers' pids and give up after a timeout, naming the rank at fault. Each wait
+names its kind, and the seconds waited add up per kind (what StepMetrics.wait_s reports).
 """
 from __future__ import annotations
 
+import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -18,12 +20,18 @@ from .errors import RankLostError
 from .priority_queue import INF
 from .shm import Field, pid_alive
 
-INF_STEP = np.int64(2**62)  # "flushed through forever": the rank has no pending host write
-
 PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC, CAUSE, RING_ROWS, GRAD_ROWS = range(11)
 NUM_FIELDS = 11  # CAUSE: 1 + the rank whose loss made this rank fail (its own rank otherwise)
 # RING_ROWS, GRAD_ROWS: the size of each rank's mailbox records (see mailbox.py)
 RUNNING, CLOSED, FAILED = 0, 1, 2
+
+# Kinds of wait (Control.wait's ``kind``; the keys of StepMetrics.wait_s).
+WAIT_GATE = "gate"  # the gate of a step: owners applied the previous step and flushed what it reads
+WAIT_EXCHANGE = "exchange"  # every rank staged its gradients of the step
+WAIT_PUBLISHED = "published"  # every rank published the lookahead of the step being updated
+WAIT_RING = "ring"  # the owners ingested the step a ring slot held, before it is reused
+WAIT_SYNC = "sync"  # a barrier of flush() and of checkpoint loads
+WAIT_KINDS = (WAIT_GATE, WAIT_EXCHANGE, WAIT_PUBLISHED, WAIT_RING, WAIT_SYNC)
 
 
 def flushed_through(min_priority: Optional[int], last_ingested: int, inflight: Optional[int]) -> int:
@@ -34,9 +42,9 @@ def flushed_through(min_priority: Optional[int], last_ingested: int, inflight: O
     current through p - 1; p comes from an ingested read, so p - 1 < ``last_ingested`` and the
     deferred rows (read at no ingested step) are covered too. With only deferred rows pending,
     host is current through the newest ingested step. ``inflight``: the bound of a chunk being
-    copied (its rows are still stale on host).
+    copied (its rows are still stale on host). Nothing pending: INF, current for ever.
     """
-    bound = int(INF_STEP)
+    bound = INF
     if min_priority is not None:
         bound = last_ingested if min_priority == INF else min_priority - 1
     if inflight is not None:
@@ -56,6 +64,8 @@ class Control:
         self.rank = rank
         self.world_size = self.block.shape[0]
         self.timeout_s = timeout_s
+        self._waited = dict.fromkeys(WAIT_KINDS, 0.0)
+        self._waited_lock = threading.Lock()  # the training thread and the lookahead worker wait
 
     def set(self, field: int, value: int) -> None:
         self.block[self.rank, field] = value
@@ -63,13 +73,31 @@ class Control:
     def get(self, field: int) -> np.ndarray:
         return self.block[:, field].copy()
 
-    def wait(self, lagging: Callable[[], List[int]], what: str, idle: Callable[[], bool] | None = None) -> float:
-        """Block until ``lagging()`` is empty; returns seconds waited.
+    def behind(self, field: int, step: int) -> List[int]:
+        """The ranks whose counter ``field`` is below ``step``."""
+        return [r for r, v in enumerate(self.get(field)) if v < step]
+
+    def wait(
+        self, kind: str, lagging: Callable[[], List[int]], what: str, idle: Optional[Callable[[], bool]] = None
+    ) -> float:
+        """Block until ``lagging()`` is empty; returns seconds waited, also added to ``kind``'s total.
 
         ``idle`` is called between polls and returns True if it did useful work (then we poll
         again at once). Raises RankLostError if a rank we wait for died, failed or closed, or if
         nothing changed for ``timeout_s``.
         """
+        waited = self._wait(lagging, what, idle)
+        with self._waited_lock:
+            self._waited[kind] += waited
+        return waited
+
+    def take_waited(self) -> Dict[str, float]:
+        """Seconds waited per kind (WAIT_KINDS) since the previous call."""
+        with self._waited_lock:
+            waited, self._waited = self._waited, dict.fromkeys(WAIT_KINDS, 0.0)
+        return waited
+
+    def _wait(self, lagging: Callable[[], List[int]], what: str, idle: Optional[Callable[[], bool]]) -> float:
         t0 = time.perf_counter()
         waiting = lagging()
         if not waiting:
@@ -126,3 +154,18 @@ class Control:
                 raise RankLostError(
                     f"rank {r} (pid {pids[r]}) closed its engine while rank {self.rank} waited for {what}", lost_rank=r
                 )
+
+
+def lagging_owners(control: Control, step: int) -> List[int]:
+    """The owners that keep the gate of ``step`` shut: not yet updated through step - 1, or with a
+    pending host write that ``step`` reads (flushed through less than ``step``)."""
+    updated = control.get(UPDATED)
+    flushed = control.get(FLUSHED)
+    return [o for o in range(control.world_size) if updated[o] < step - 1 or flushed[o] < step]
+
+
+def sync(control: Control, what: str) -> None:
+    """Barrier of the local ranks through their SYNC counters (each call raises this rank's by one)."""
+    mine = int(control.get(SYNC)[control.rank]) + 1
+    control.set(SYNC, mine)
+    control.wait(WAIT_SYNC, lambda: control.behind(SYNC, mine), what)

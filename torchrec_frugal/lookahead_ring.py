@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .errors import FrugalError
-from .gate import INGESTED, PUBLISHED, Control
+from .gate import INGESTED, PUBLISHED, WAIT_RING, Control
 from .mailbox import Record
 
 
@@ -73,9 +73,7 @@ class LookaheadRing:
         slot = t % self.ring
         # The slot held step t - ring; every owner must have ingested it before we overwrite.
         self.control.wait(
-            lambda: [r for r, w in enumerate(self.control.get(INGESTED)) if w < t - self.ring],
-            f"owners to ingest lookahead step {t - self.ring}",
-            idle,
+            WAIT_RING, lambda: self.control.behind(INGESTED, t - self.ring), f"owners to ingest lookahead step {t - self.ring}", idle
         )
         box = self.record.own(u.shape[0])
         box["la_rows"][slot, : u.shape[0]] = torch.from_numpy(u[order])

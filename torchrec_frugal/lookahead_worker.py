@@ -27,7 +27,11 @@ class _Stopped(Exception):
 
 
 class LookaheadWorker:
-    """Publishes this rank's announced steps in order and ingests published steps."""
+    """Publishes this rank's announced steps in order and ingests published steps.
+
+    ``publish`` and ``ingest`` are the callables it runs, public so that a test can wrap
+    ``publish`` to make the worker lag behind the training thread.
+    """
 
     def __init__(
         self,
@@ -36,8 +40,8 @@ class LookaheadWorker:
         ingest: Callable[[], bool],
         on_failure: Callable[[BaseException], None],
     ) -> None:
-        self._publish = publish
-        self._ingest = ingest
+        self.publish = publish
+        self.ingest = ingest
         self._on_failure = on_failure
         self._todo: Deque[Tuple[int, np.ndarray]] = deque()
         self._wake = threading.Event()
@@ -58,10 +62,10 @@ class LookaheadWorker:
                 did = False
                 if self._todo:
                     t, rows = self._todo[0]
-                    self._publish(t, rows, self._idle)
+                    self.publish(t, rows, self._idle)
                     self._todo.popleft()
                     did = True
-                if self._ingest():
+                if self.ingest():
                     did = True
                 if did:
                     sleep = self._idle_s[0]
@@ -79,7 +83,7 @@ class LookaheadWorker:
         """What the worker does while its publish waits for a slot: ingest; leave if stopped."""
         if self._stop:
             raise _Stopped()
-        return self._ingest()
+        return self.ingest()
 
     def stop(self, timeout_s: float) -> None:
         self._stop = True

@@ -85,7 +85,8 @@ class Record:
         self._segs: List[Optional[SharedSegment]] = [None] * world_size
         self._attach_lock = threading.Lock()
 
-    def _name(self, rank: int, rows: int) -> str:
+    def segment_name(self, rank: int, rows: int) -> str:
+        """The name of rank ``rank``'s record of ``rows`` rows (the size names the record)."""
         return f"{self._prefix}{self.kind}{rank}n{rows}"
 
     def nbytes(self) -> int:
@@ -97,7 +98,7 @@ class Record:
         """Create this rank's first record, its name starting ``name_prefix`` (the engine then
         barriers and attaches the others')."""
         self._prefix = name_prefix
-        seg = SharedSegment.create(self._name(self.rank, self.rows), self._layout_of(self.rows), self._dir)
+        seg = SharedSegment.create(self.segment_name(self.rank, self.rows), self._layout_of(self.rows), self._dir)
         self._segs[self.rank] = seg
         self._control = control
         control.set(self._field, self.rows)
@@ -107,7 +108,7 @@ class Record:
         """Map the first record of every other rank (all ranks start at the same size)."""
         for r, seg in enumerate(self._segs):
             if seg is None:
-                self._segs[r] = SharedSegment.attach(self._name(r, self.rows), self._layout_of(self.rows), self._dir)
+                self._segs[r] = SharedSegment.attach(self.segment_name(r, self.rows), self._layout_of(self.rows), self._dir)
 
     def unlink_own(self) -> None:
         """Drop this rank's record name once every rank has mapped it (the mapping stays)."""
@@ -129,7 +130,7 @@ class Record:
             raise FrugalError(f"rank {self.rank}: a step of {rows} {self.kind} rows exceeds the tables' {self.max_rows} rows")
         new_rows = min(self.max_rows, max(rows, 2 * self.rows))
         try:
-            seg = SharedSegment.create(self._name(self.rank, new_rows), self._layout_of(new_rows), self._dir)
+            seg = SharedSegment.create(self.segment_name(self.rank, new_rows), self._layout_of(new_rows), self._dir)
         except SharedMemoryFullError as e:
             raise SharedMemoryFullError(
                 f"rank {self.rank}: growing its {self.kind} mailbox to {new_rows} rows for a step of {rows} rows: {e}"
@@ -154,7 +155,7 @@ class Record:
                     if rows == self._rows[rank]:
                         break
                     try:
-                        self._segs[rank] = SharedSegment.attach(self._name(rank, rows), self._layout_of(rows), self._dir)
+                        self._segs[rank] = SharedSegment.attach(self.segment_name(rank, rows), self._layout_of(rows), self._dir)
                         self._rows[rank] = rows
                     except FileNotFoundError:
                         if int(self._control.block[rank, self._field]) == rows:

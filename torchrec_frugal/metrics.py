@@ -1,10 +1,14 @@
 """Per-step measurements of the Frugal mechanism."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Dict
 
 import numpy as np
+
+from .flusher import FlushCounts
+from .gate import WAIT_KINDS
 
 PHASES = ("announce", "lookup", "exchange", "update", "bookkeeping", "flush")
 """Where a rank's training thread spends its engine time in one step (see StepMetrics.phase_s)."""
@@ -27,6 +31,13 @@ class StepMetrics:
         update (the optimizer on the owner's rows), bookkeeping (ingesting the lookahead on
         this thread if the background has not, retiring the step, queueing the host writes
         with their priorities), flush (writing the rows the next step reads from host).
+    wait_s: seconds waited on other ranks since the previous step's metrics, by kind
+        (gate.WAIT_KINDS): gate, exchange (gradients staged), published (the lookahead of the
+        step being updated), ring (a lookahead slot freed; on the lookahead worker's thread when
+        there is one), sync (barriers of flush() and checkpoint loads).
+    train_thread_flush_s / flusher_thread_flush_s: seconds spent copying chunks to host since the
+        previous step's metrics, by the training thread (the rows the next step reads, flushes
+        done while waiting, flush()) and by the background flusher threads.
     """
 
     step: int
@@ -41,6 +52,9 @@ class StepMetrics:
     cache_hits: int
     dynamic_rows: int
     phase_s: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    wait_s: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_KINDS, 0.0))
+    train_thread_flush_s: float = 0.0
+    flusher_thread_flush_s: float = 0.0
 
     @property
     def cache_hit_ratio(self) -> float:
@@ -49,3 +63,41 @@ class StepMetrics:
     @property
     def gate_stall_fraction(self) -> float:
         return self.gate_wait_s / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+class StepRecorder:
+    """What the training thread measures during a step, turned into its StepMetrics at the end."""
+
+    def __init__(self) -> None:
+        self.phase_s: Dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.lookups = 0
+        self.cache_hits = 0
+        self.step_t0 = 0.0  # when the step's gate wait began
+        self.gate_wait_s = 0.0
+        self.exchange_wait_s = 0.0
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.phase_s[phase] += seconds
+
+    def finish(self, step: int, flushed: FlushCounts, dynamic_rows: int, wait_s: Dict[str, float]) -> StepMetrics:
+        """The step's metrics; phases and lookups start again from zero."""
+        m = StepMetrics(
+            step=step,
+            gate_wait_s=self.gate_wait_s,
+            exchange_wait_s=self.exchange_wait_s,
+            step_time_s=time.perf_counter() - self.step_t0,
+            queue_depth=flushed.queue_depth,
+            pending_rows=flushed.pending_rows,
+            rows_flushed=flushed.rows,
+            bytes_flushed=flushed.bytes,
+            lookups=self.lookups,
+            cache_hits=self.cache_hits,
+            dynamic_rows=dynamic_rows,
+            phase_s=self.phase_s,
+            wait_s=wait_s,
+            train_thread_flush_s=flushed.train_thread_s,
+            flusher_thread_flush_s=flushed.flusher_thread_s,
+        )
+        self.phase_s = dict.fromkeys(PHASES, 0.0)
+        self.lookups = self.cache_hits = 0
+        return m

@@ -9,6 +9,13 @@ cannot drift. Semantics follow FBGEMM's fused kernels (checked against FBGEMM 1.
 - adam (ADAM, per-element moments, bias correction by the global step count t = step + 1):
       m = b1 m + (1 - b1) G;  v = b2 v + (1 - b2) G^2
       w *= 1 - lr * weight_decay;  w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+Adam is offered by the engine's own API only: the TorchRec sharder refuses EmbOptimType.ADAM
+because this update has not been checked against FBGEMM's Adam kernel (as SGD and row-wise
+Adagrad were) and the checkpoint does not map its two moments to TorchRec's state names.
+
+``state_width`` is the one place that knows how many state columns each optimizer keeps: the
+engine asks it and hands the width on (host tables, owner store, host-memory check).
 """
 from __future__ import annotations
 

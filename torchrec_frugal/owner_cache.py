@@ -9,10 +9,13 @@ flushed, its owner keeps the updated value in a dynamic slot of the same store.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
+
+from .config import TableSpec
+from .errors import FrugalInputError
 
 
 @dataclass
@@ -51,6 +54,31 @@ def assign_ownership(
         owners.append(owner)
         cached.append(is_cached)
     return Ownership(np.concatenate(owners), np.concatenate(cached))
+
+
+def ownership_from_presample(
+    tables: Sequence[TableSpec],
+    presample_counts: Optional[Sequence[torch.Tensor]],
+    cache_ratio: float,
+    world_size: int,
+    sum_over_ranks: Callable[[torch.Tensor], torch.Tensor],
+) -> Ownership:
+    """Ownership from each rank's pre-sample id counts per table (None: no counts, nothing is hot),
+    summed over ranks with ``sum_over_ranks`` so that every rank computes the same ownership."""
+    sizes = [t.num_embeddings for t in tables]
+    if presample_counts is None:
+        counts = torch.zeros(sum(sizes), dtype=torch.float64)
+    else:
+        if len(presample_counts) != len(tables):
+            raise FrugalInputError(f"presample_counts has {len(presample_counts)} tensors for {len(tables)} tables")
+        for spec, c in zip(tables, presample_counts):
+            if c.numel() != spec.num_embeddings:
+                raise FrugalInputError(
+                    f"table {spec.name!r}: presample counts have {c.numel()} entries, expected {spec.num_embeddings}"
+                )
+        counts = torch.cat([c.reshape(-1).to(torch.float64) for c in presample_counts])
+    per_table = [part.numpy() for part in sum_over_ranks(counts).split(sizes)]
+    return assign_ownership(per_table, cache_ratio, world_size)
 
 
 class OwnerStore:

@@ -40,18 +40,18 @@ class PendingQueue(abc.ABC):
 
     Rows are integers in ``[0, num_rows)``.  Both kinds keep the same
     bookkeeping for the window: ``_prio[row]`` (``-1`` when absent) and a count
-    per ring slot (``priority % (window + 2)``) plus one for ``INF``, so range
+    per ring slot (``priority % (lookahead + 2)``) plus one for ``INF``, so range
     checks, :meth:`advance` and :meth:`bucket_sizes` behave identically.
     """
 
-    def __init__(self, num_rows: int, window: int) -> None:
+    def __init__(self, num_rows: int, lookahead: int) -> None:
         if num_rows < 0:
             raise ValueError(f"num_rows must be >= 0, got {num_rows}")
-        if window < 0:
-            raise ValueError(f"window must be >= 0, got {window}")
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         self._num_rows = int(num_rows)
-        self._window = int(window)
-        self._slots = self._window + 2  # finite priorities base .. base + window + 1
+        self._lookahead = int(lookahead)
+        self._slots = self._lookahead + 2  # finite priorities base .. base + lookahead + 1
         self._inf_slot = self._slots
         self._base = 0
         self._size = 0
@@ -66,8 +66,9 @@ class PendingQueue(abc.ABC):
         return self._num_rows
 
     @property
-    def window(self) -> int:
-        return self._window
+    def lookahead(self) -> int:
+        """L: finite priorities lie in ``[base, base + L + 1]``."""
+        return self._lookahead
 
     @property
     def base(self) -> int:
@@ -94,7 +95,7 @@ class PendingQueue(abc.ABC):
         self._base = base
 
     def bucket_sizes(self) -> np.ndarray:
-        """Row counts for priorities ``base .. base + window + 1``, then ``INF``."""
+        """Row counts for priorities ``base .. base + lookahead + 1``, then ``INF``."""
         order = (self._base + np.arange(self._slots, dtype=np.int64)) % self._slots
         return np.concatenate([self._counts[order], self._counts[self._inf_slot:]])
 
@@ -122,7 +123,7 @@ class PendingQueue(abc.ABC):
 
         ``rows`` must be unique within one call (ValueError otherwise: the
         wanted priority would be ambiguous).  Each priority is ``INF`` or lies
-        in ``[base, base + window + 1]``; a scalar is broadcast.  All checks run
+        in ``[base, base + lookahead + 1]``; a scalar is broadcast.  All checks run
         before any change, so a rejected call leaves the queue untouched.
         """
 
@@ -204,7 +205,7 @@ class PendingQueue(abc.ABC):
         return self._base + (slot - self._base) % self._slots
 
     def _lowest_slot(self) -> int | None:
-        """Scan at most ``window + 2`` counts from ``base``, then INF."""
+        """Scan at most ``lookahead + 2`` counts from ``base``, then INF."""
         for i in range(self._slots):
             slot = (self._base + i) % self._slots
             if self._counts[slot]:
@@ -215,14 +216,14 @@ class PendingQueue(abc.ABC):
 class TwoLevelQueue(PendingQueue):
     """The paper's two-level queue: ring of priority buckets over dense row arrays.
 
-    Level one maps a priority to a bucket (``priority % (window + 2)``, or the
+    Level one maps a priority to a bucket (``priority % (lookahead + 2)``, or the
     INF bucket).  Level two stores each bucket as a dense row array plus count,
     with ``pos[row]`` giving a row's index in its bucket, so insert (append),
     remove (swap-with-tail), move and pop (take the tail) are O(1) per row.
     """
 
-    def __init__(self, num_rows: int, window: int) -> None:
-        super().__init__(num_rows, window)
+    def __init__(self, num_rows: int, lookahead: int) -> None:
+        super().__init__(num_rows, lookahead)
         self._pos = np.zeros(self._num_rows, dtype=np.int64)
         cap = min(_INITIAL_CAPACITY, max(self._num_rows, 1))
         self._buckets = [np.empty(cap, dtype=np.int64) for _ in range(self._slots + 1)]
@@ -331,8 +332,8 @@ class HeapQueue(PendingQueue):
     rebuilt from live entries once stale ones outnumber them, bounding memory.
     """
 
-    def __init__(self, num_rows: int, window: int) -> None:
-        super().__init__(num_rows, window)
+    def __init__(self, num_rows: int, lookahead: int) -> None:
+        super().__init__(num_rows, lookahead)
         self._seq = np.full(self._num_rows, _ABSENT, dtype=np.int64)
         self._next_seq = 0
         self._heap: list[tuple[int, int, int]] = []
@@ -416,11 +417,11 @@ class HeapQueue(PendingQueue):
 QUEUE_KINDS: dict[str, type[PendingQueue]] = {"two_level": TwoLevelQueue, "heap": HeapQueue}
 
 
-def make_queue(kind: str, num_rows: int, window: int) -> PendingQueue:
+def make_queue(kind: str, num_rows: int, lookahead: int) -> PendingQueue:
     """Build the queue named by ``kind`` (``"two_level"`` or ``"heap"``)."""
     try:
         cls = QUEUE_KINDS[kind]
     except KeyError:
         valid = sorted(QUEUE_KINDS)
         raise ValueError(f"unknown queue kind {kind!r}; valid kinds: {valid}") from None
-    return cls(num_rows, window)
+    return cls(num_rows, lookahead)

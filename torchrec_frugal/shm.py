@@ -115,6 +115,12 @@ def _unlink_path(path: str) -> None:
         os.close(fd)
 
 
+def owned_paths() -> List[str]:
+    """Paths of the names this process created and has not unlinked yet (unlinked at exit)."""
+    with _owned_lock:
+        return list(_owned)
+
+
 def _unlink_owned() -> None:
     with _owned_lock:
         paths = list(_owned)

@@ -1,0 +1,55 @@
+"""The fused row space of an engine's tables, and the checks of rows and ids that enter it.
+
+An engine's tables share one dimension and are laid end to end: row ``offsets[t] + id`` is id
+``id`` of table ``t``. Every row that comes from the caller is checked here before anything
+changes, with an error naming the table (a FrugalInputError: the run goes on).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .config import TableSpec
+from .errors import FrugalInputError
+
+
+class FusedRows:
+    """Row offsets of tables laid end to end, and input checks against them."""
+
+    def __init__(self, tables: Sequence[TableSpec]) -> None:
+        self.tables = list(tables)
+        sizes = [t.num_embeddings for t in self.tables]
+        self.num_rows = int(sum(sizes))
+        self.offsets = torch.tensor([0] + list(np.cumsum(sizes)), dtype=torch.int64)
+
+    def of_ids(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        """Fused rows of ``ids`` of table index ``table``; raises on ids out of range."""
+        spec = self.tables[table]
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise FrugalInputError(f"table {spec.name!r}: ids must be int32 or int64, got {ids.dtype}")
+        ids = ids.reshape(-1).to("cpu", torch.int64)
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= spec.num_embeddings:
+                bad = lo if lo < 0 else hi
+                raise FrugalInputError(f"table {spec.name!r}: id {bad} is out of range [0, {spec.num_embeddings})")
+        return ids + self.offsets[table]
+
+    def check(self, rows: torch.Tensor, what: str) -> torch.Tensor:
+        """``rows`` as a flat CPU int64 tensor; raises, naming ``what``, on a wrong dtype or a row out of range."""
+        if rows.dtype != torch.int64:
+            raise FrugalInputError(f"{what}: rows must be int64, got {rows.dtype}")
+        rows = rows.reshape(-1).to("cpu")
+        if rows.numel():
+            lo, hi = int(rows.min()), int(rows.max())
+            if lo < 0 or hi >= self.num_rows:
+                bad = lo if lo < 0 else hi
+                where = (
+                    f"before the first table {self.tables[0].name!r}"
+                    if bad < 0
+                    else f"beyond the last table {self.tables[-1].name!r}"
+                )
+                raise FrugalInputError(f"{what}: row {bad} is outside the fused tables [0, {self.num_rows}) ({where})")
+        return rows

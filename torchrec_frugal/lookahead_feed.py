@@ -1,0 +1,176 @@
+"""The lookahead of one rank, end to end: its future steps announced, published and ingested.
+
+Words used throughout (one action each):
+
+* announce: the rank declares the rows of one of its future steps (``push_lookahead``, or
+  ``begin_step`` for a step that was not pushed). Steps are announced in order, at most L ahead.
+* publish: an announced step's rows are written into the rank's ring slot for their owners and
+  its PUBLISHED counter raised (``LookaheadRing.publish``): inline, or by the lookahead worker.
+* ingest: an owner takes a step every rank has published into its window (the next host read of
+  each row it owns) and gives the deferred rows that step reads a finite priority in the queue.
+
+An owner's window must run ahead of the steps its peers start: with deferred rows pending, its
+FLUSHED counter says "current through the newest ingested step". The worker keeps it ahead in the
+background; without one the training thread ingests once per step, at the update.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable, Deque, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from .errors import FrugalError, FrugalInputError
+from .flusher import Flusher
+from .gate import INGESTED, PUBLISHED, WAIT_PUBLISHED, Control
+from .lookahead import LookaheadWindow
+from .lookahead_ring import LookaheadRing
+from .lookahead_worker import LookaheadWorker
+from .priority_queue import INF
+
+
+class LookaheadFeed:
+    """This rank's announced steps (in order, checked against the batches trained), their
+    publishing, and, as an owner, the ingestion of every rank's published steps."""
+
+    def __init__(
+        self,
+        lookahead: int,
+        ring: LookaheadRing,
+        window: Optional[LookaheadWindow],
+        flusher: Flusher,
+        control: Control,
+        use_worker: bool,
+        guard: Callable[[Callable[[], object]], object],
+        check_failed: Callable[[], None],
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        self.lookahead = lookahead
+        self.ring = ring
+        self.window = window
+        self.flusher = flusher
+        self.control = control
+        self._guard = guard  # a publish on the training thread fails the rank, as any step would
+        self._check_failed = check_failed
+        self._next = 0  # the next step to announce
+        self._pushed: Deque[Tuple[int, torch.Tensor]] = deque()  # announced by push, not begun
+        self._ingest_mutex = threading.Lock()  # one ingester at a time: steps arrive in order
+        self.worker = (
+            LookaheadWorker(f"frugal-lookahead-{control.rank}", ring.publish, self.ingest_available, on_failure)
+            if lookahead > 0 and use_worker
+            else None
+        )
+
+    # ------------------------------------------------------------------ this rank's steps
+    @property
+    def steps_ahead(self) -> int:
+        """Steps announced by push and not begun yet."""
+        return len(self._pushed)
+
+    def room(self, step_now: int) -> int:
+        """The step the next push announces; raises if the window is full (steps through step_now + L)."""
+        t = self._next
+        if t > step_now + self.lookahead:
+            raise FrugalInputError(
+                f"lookahead window full: step {t} pushed while step {step_now} runs with lookahead={self.lookahead}"
+            )
+        return t
+
+    def push(self, rows: torch.Tensor) -> None:
+        """Announce ``rows`` (checked, owned by the feed from now on) as step :meth:`room` returned."""
+        t = self._next
+        self._next = t + 1
+        self._pushed.append((t, rows))
+        self._announce(t, rows)
+
+    def begin(self, step: int, rows: torch.Tensor) -> None:
+        """Step ``step`` starts with ``rows``: they must be the ones pushed for it, if any were."""
+        if self._pushed:
+            t, expected = self._pushed[0]
+            if t != step:
+                raise FrugalError(f"rank {self.control.rank}: lookahead holds step {t} while step {step} starts")
+            if not torch.equal(expected, rows):
+                raise FrugalInputError(
+                    f"step {step}: the batch trained differs from the lookahead batch pushed for it "
+                    f"({rows.numel()} rows trained, {expected.numel()} pushed)"
+                )
+            self._pushed.popleft()
+        else:
+            self._next = step + 1
+            self._announce(step, rows.clone())
+
+    def _announce(self, t: int, rows: torch.Tensor) -> None:
+        """Publish step t's rows to their owners: through the worker, or here and now."""
+        if self.worker is not None:
+            self.worker.announce(t, rows.numpy())
+        elif self.lookahead > 0:
+            self._guard(lambda: self.ring.publish(t, rows.numpy(), self.ingest_available))
+
+    # ------------------------------------------------------------------ this rank as an owner
+    def ingest_available(self, through: Optional[int] = None) -> bool:
+        """Ingest every step all ranks have published (at least through ``through``); True if any."""
+        if self.window is None:
+            return False
+        flusher = self.flusher
+        did = False
+        with self._ingest_mutex:
+            while True:
+                t = self.window.last_step + 1  # only ingesters move it, and we are the one
+                with flusher.lock:
+                    room = t <= flusher.queue.base + self.lookahead + 1
+                if not room:
+                    return did
+                if self.ring.published_through() < t:
+                    if through is not None and t <= through:
+                        raise FrugalError(f"rank {self.control.rank}: step {t} must be ingested but is not published")
+                    return did
+                rows_t = self.ring.collect(t)
+                with flusher.lock:
+                    newly = self.window.add_step(t, rows_t)
+                    if newly.size:
+                        deferred = newly[flusher.queue.priority_of(newly) == INF]
+                        if deferred.size:
+                            flusher.queue.upsert(deferred, t)
+                    self.control.set(INGESTED, t)
+                    flusher.publish_progress()
+                    flusher.wake_all()
+                did = True
+
+    def ingest_while_waiting(self) -> bool:
+        """What a wait of the training thread does meanwhile: fail if our own background failed
+        (the peers may be waiting for it), else ingest what is published."""
+        self._check_failed()
+        return self.ingest_available()
+
+    def ingest_through(self, step: int) -> None:
+        """Ingest at least through ``step``, which every rank announced; without a worker, all there is."""
+        if self.window is None:
+            return
+        behind = self.window.last_step < step
+        if behind:
+            self.control.wait(
+                WAIT_PUBLISHED,
+                lambda: self.control.behind(PUBLISHED, step),
+                f"the lookahead of step {step} to be published",
+                self.ingest_while_waiting,
+            )
+        if behind or self.worker is None:
+            self.ingest_available(through=step)
+
+    def retire(self, step: int) -> None:
+        """Forget the reads of steps through ``step`` (flusher lock held)."""
+        if self.window is not None:
+            self.window.retire(step)
+
+    def priorities(self, rows: np.ndarray, step: int) -> Union[int, np.ndarray]:
+        """Flush priorities of ``rows`` updated at ``step``: their next host read (flusher lock held).
+
+        Without a lookahead every update is due at the next step (write-through).
+        """
+        return step + 1 if self.window is None else self.window.priorities(rows)
+
+    def stop(self, timeout_s: float) -> None:
+        if self.worker is not None:
+            self.worker.stop(timeout_s)

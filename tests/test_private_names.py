@@ -1,0 +1,118 @@
+"""No module, test, benchmark or example touches another module's private names.
+
+A name starting with one underscore belongs to the module that defines it: code elsewhere goes
+through a public hook, so that renaming a private never silently changes a test or a benchmark.
+Private names of third-party code (TorchRec, torch, the standard library) are allowed only where
+listed below with the reason, and TorchRec's and torch's are guarded by their source hashes in
+``torchrec_frugal.torchrec.patches`` (``tests/test_torchrec_patches.py``).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TREES = ("torchrec_frugal", "tests", "benchmarks", "examples", "scripts")
+
+# Third-party private names the code relies on, each with why.
+THIRD_PARTY: Dict[str, str] = {
+    "_exit": "os._exit: a child that must skip atexit handlers (crash and leftover-segment tests)",
+    "_create_dataset_tsv": "torchrec.datasets.test_utils.CriteoTest: Criteo files exactly as TorchRec's readers expect",
+    "_create_dataset_npys": "torchrec.datasets.test_utils.CriteoTest: as above, the preprocessed .npy layout",
+}
+
+
+def _sources() -> List[Path]:
+    return sorted(p for tree in TREES for p in (ROOT / tree).rglob("*.py") if ".venv" not in p.parts)
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined(tree: ast.AST) -> Set[str]:
+    """Private names a module defines: functions, classes, assigned names and attributes, imports."""
+    out: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                out.add(node.attr)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+    return {n for n in out if _is_private(n)}
+
+
+def _accesses(tree: ast.AST) -> Iterator[Tuple[int, str, str]]:
+    """(line, expression, private name) of ``x._name`` with x not self/cls/super(), and of
+    ``from m import _name`` / ``import m._name``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                continue
+            if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+                continue
+            yield node.lineno, ast.unparse(node), node.attr
+        elif isinstance(node, ast.ImportFrom):
+            for part in (node.module or "").split("."):
+                if _is_private(part):
+                    yield node.lineno, f"from {node.module} import ...", part
+            for alias in node.names:
+                if _is_private(alias.name):
+                    yield node.lineno, f"from {node.module} import {alias.name}", alias.name
+
+
+def violations() -> List[str]:
+    parsed = {p: ast.parse(p.read_text(), str(p)) for p in _sources()}
+    ours: Set[str] = set().union(*(_defined(t) for t in parsed.values()))
+    guarded = _guarded_privates()
+    out = []
+    for path, tree in parsed.items():
+        own = _defined(tree)
+        for line, expr, name in _accesses(tree):
+            if name in own:
+                continue  # the module's own private (another instance of its own class, say)
+            if name in guarded or (name not in ours and name in THIRD_PARTY):
+                continue  # a listed third-party private (a shimmed TorchRec function may share its name)
+            where = "another module's private" if name in ours else "an unlisted third-party private"
+            out.append(f"{path.relative_to(ROOT)}:{line}: {expr} ({where})")
+    return out
+
+
+def _guarded_privates() -> Set[str]:
+    """Private names of TorchRec and torch the glue relies on, each guarded by its source hash."""
+    from torchrec_frugal.torchrec.patches import THIRD_PARTY_PRIVATES
+
+    return {name.rsplit(".", 1)[-1] for name in THIRD_PARTY_PRIVATES}
+
+
+def test_no_private_reach_ins() -> None:
+    found = violations()
+    assert not found, "private names used outside their module:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "code, flagged",
+    [
+        ("eng._flush_once = f", True),
+        ("x = eng.last_metrics", False),
+        ("self._lock = None", False),
+        ("super()._init()", False),
+        ("from a.b import _helper", True),
+        ("from torch.distributed._shard import x", True),
+    ],
+)
+def test_the_check_finds_reach_ins(code: str, flagged: bool) -> None:
+    """The checker flags what it must: a test that cannot fail is a defect."""
+    tree = ast.parse(code)
+    found = [n for _, _, n in _accesses(tree) if n not in _defined(tree)]
+    assert bool(found) == flagged, (code, found)

@@ -15,11 +15,13 @@ from torchrec_frugal.cost_model import (
     CostModel,
     CostTable,
     DenseModel,
+    PLANNER_SHARDINGS,
     Plan,
     Primitives,
     RowDistribution,
     Workload,
     assign_tables,
+    choose_plan,
     flush_rate,
     predict_all,
     recommend_frugal,
@@ -154,8 +156,76 @@ def test_tables_go_to_the_least_loaded_rank():
 def test_plan_and_workload_reject_nonsense():
     with pytest.raises(ValueError, match="unknown sharding"):
         Plan("column_wise")
+    with pytest.raises(ValueError, match="unknown sharding"):
+        Plan("frugal", tables={"t0": "column_wise"})
+    with pytest.raises(ValueError, match="lacks.*'tx'"):
+        CostModel(load_profile("cpu")).predict(workload(), Plan("frugal", tables={"tx": "row_wise"}))
     with pytest.raises(ValueError):
         Workload(tables=(), dense=DENSE, batch_size=1, world_size=1)
+
+
+# ---------------------------------------------------------------------------- per-table plans
+SHARED = ("dense_compute", "dense_allreduce", "framework")
+WHOLE_STEP = ("gate_stall", "contention")
+
+
+@pytest.mark.parametrize("hw_name", ["rtx3090", "cpu"])
+def test_a_mixed_step_is_the_shared_terms_plus_each_shardings_own(hw_name):
+    """Shared terms once; each sharding's terms as if its tables were the whole model; then the
+    gate stall and contention of the whole step."""
+    model, w = CostModel(load_profile(hw_name)), workload(world=4)
+    plan = Plan("frugal", cache_ratio=0.05, lookahead=5, tables={"t0": "table_wise", "t2": "row_wise"})
+    mixed = model.predict(w, plan)
+    assert mixed.sharding == "mixed" and list(mixed.by_sharding) == ["frugal", "table_wise", "row_wise"]
+    alone = {s: model.predict(replace(w, tables=tuple(t for t in w.tables if plan.sharding_of(t.name) == s)),
+                              Plan(s, cache_ratio=0.05, lookahead=5))
+             for s in mixed.by_sharding}  # fmt: skip
+    whole = model.predict(w, Plan("frugal", cache_ratio=0.05, lookahead=5))
+    for k in TERMS:
+        if k in SHARED:
+            assert mixed.terms[k] == pytest.approx(whole.terms[k])
+        elif k not in WHOLE_STEP:
+            assert mixed.terms[k] == pytest.approx(sum(c.terms[k] for c in alone.values())), k
+            assert mixed.terms[k] == pytest.approx(sum(b.get(k, 0.0) for b in mixed.by_sharding.values())), k
+    assert mixed.step_s == pytest.approx(sum(mixed.terms.values()))
+    assert mixed.details["cache_hit_ratio"] == pytest.approx(alone["frugal"].details["cache_hit_ratio"])
+
+
+def test_a_uniform_per_table_plan_is_the_one_sharding_plan():
+    model, w = CostModel(load_profile("rtx3090")), workload()
+    for s in SHARDINGS:
+        plan = Plan.of({t.name: s for t in w.tables}, cache_ratio=0.1, lookahead=2)
+        assert plan == Plan(s, cache_ratio=0.1, lookahead=2)
+        assert model.predict(w, plan).terms == model.predict(w, Plan(s, 0.1, 2)).terms
+    assert Plan.of({"a": "row_wise", "b": "frugal", "c": "row_wise"}) == Plan("row_wise", tables={"b": "frugal"})
+
+
+@pytest.mark.parametrize("hw_name", ["rtx3090", "cpu", "h200"])
+def test_the_chosen_plan_is_never_predicted_slower_than_a_uniform_one(hw_name):
+    model, w = CostModel(load_profile(hw_name)), workload(world=4)
+    choice = choose_plan(model, w)
+    assert set(choice.uniform) == set(PLANNER_SHARDINGS)
+    for s, (plan, cost) in choice.uniform.items():
+        assert choice.cost.step_s <= cost.step_s * (1 + 1e-9), s
+        assert model.predict(w, plan).step_s == pytest.approx(cost.step_s)
+    assert model.predict(w, choice.plan).step_s == pytest.approx(choice.cost.step_s)
+    assert list(choice.predicted())[0] == "plan"
+
+
+def test_the_choice_mixes_when_each_sharding_suits_different_tables():
+    """Slow host reads and slow all-to-alls; the largest table's ids uniform (many host rows), the
+    others' on one row: frugal for those, a stock sharding for the largest."""
+    hw = replace(load_profile("cpu"), host_read_random_bw=1e5, host_read_sorted=[(16384.0, 1e5)], a2a_bw=1e6)
+    hot = RowDistribution.from_counts([1.0] + [0.0] * 999)
+    tables = (CostTable("big", 100_000, 16, RowDistribution.uniform(100_000)),
+              CostTable("a", 1000, 16, hot), CostTable("b", 1000, 16, hot))  # fmt: skip
+    w = Workload(tables=tables, dense=DENSE, batch_size=256, world_size=2)
+    choice = choose_plan(CostModel(hw), w)
+    assert choice.plan.sharding_of("a") == choice.plan.sharding_of("b") == "frugal"
+    assert choice.plan.sharding_of("big") != "frugal"
+    assert all(choice.cost.step_s < c.step_s for _, c in choice.uniform.values())
+    fixed = choose_plan(CostModel(hw), w, candidates={"big": ("frugal",)})
+    assert fixed.plan.sharding_of("big") == "frugal"
 
 
 # ---------------------------------------------------------------------------- profiles

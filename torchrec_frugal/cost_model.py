@@ -1,17 +1,18 @@
 """Per-step cost model of synchronous embedding training on the ranks of one machine.
 
-For a workload (tables, id distributions, batch, dense model), a plan (sharding, cache ratio,
-lookahead) and a hardware profile (:mod:`torchrec_frugal.profiles`), it predicts the time of one
-training step as a sum of named terms, for Frugal and for TorchRec's table_wise, row_wise,
-table_row_wise and data_parallel shardings. Every figure it returns is a prediction; the formulas
-and the sources of the profiles' constants are in ``docs/cost_model.md``.
+For a workload (tables, id distributions, batch, dense model), a plan (a sharding per table, cache
+ratio, lookahead) and a hardware profile (:mod:`torchrec_frugal.profiles`), it predicts the time of
+one training step as a sum of named terms, for Frugal and for TorchRec's table_wise, row_wise,
+table_row_wise and data_parallel shardings, alone or mixed table by table. Every figure it returns
+is a prediction; the formulas and the sources of the profiles' constants are in
+``docs/cost_model.md``. :func:`choose_plan` picks the plan of least predicted step.
 
 No TorchRec import here: the planner integration (``torchrec_frugal.torchrec``) calls into this.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -175,30 +176,60 @@ class Workload:
 
 @dataclass(frozen=True)
 class Plan:
-    """How the tables are trained: one sharding for every table, Frugal's cache ratio and L."""
+    """How the tables are trained: a sharding per table, Frugal's cache ratio and L.
+
+    Every table takes ``sharding`` except those named in ``tables`` (name -> sharding):
+    ``Plan("frugal")`` trains every table with Frugal, ``Plan("frugal", tables={"t3":
+    "table_wise"})`` all but t3. The cache ratio and L apply to every frugal table.
+    """
 
     sharding: str
     cache_ratio: float = 0.05
     lookahead: int = 10
+    tables: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.sharding not in SHARDINGS:
-            raise ValueError(f"unknown sharding {self.sharding!r}; choose one of {SHARDINGS}")
+        for s in (self.sharding, *self.tables.values()):
+            if s not in SHARDINGS:
+                raise ValueError(f"unknown sharding {s!r}; choose one of {SHARDINGS}")
         if not 0.0 <= self.cache_ratio <= 1.0 or self.lookahead < 0:
             raise ValueError("cache_ratio must be in [0, 1] and lookahead >= 0")
+
+    @classmethod
+    def of(cls, shardings: Mapping[str, str], cache_ratio: float = 0.05, lookahead: int = 10) -> "Plan":
+        """The plan giving each table its sharding in ``shardings`` (the most common one as default)."""
+        counts = {s: list(shardings.values()).count(s) for s in SHARDINGS}
+        default = max(SHARDINGS, key=lambda s: counts[s])
+        return cls(default, cache_ratio, lookahead, {n: s for n, s in shardings.items() if s != default})
+
+    def sharding_of(self, table: str) -> str:
+        return self.tables.get(table, self.sharding)
+
+    def groups(self, w: "Workload") -> Dict[str, List[int]]:
+        """Indices of ``w``'s tables by sharding (shardings in ``SHARDINGS`` order)."""
+        unknown = sorted(set(self.tables) - {t.name for t in w.tables})
+        if unknown:
+            raise ValueError(f"the plan names tables the workload lacks: {unknown}")
+        out: Dict[str, List[int]] = {}
+        for s in SHARDINGS:
+            idx = [i for i, t in enumerate(w.tables) if self.sharding_of(t.name) == s]
+            if idx:
+                out[s] = idx
+        return out
 
 
 @dataclass
 class StepCost:
     """A predicted step: its terms (seconds, summing to ``step_s``) and what they add up to."""
 
-    sharding: str
+    sharding: str  # the plan's one sharding, or "mixed"
     terms: Dict[str, float]
     samples_per_second: float
     fits: bool  # the plan's tables and caches fit in device memory
     memory_bytes_per_device: float
     background_s: float = 0.0  # Frugal's host work beside the step, per rank (flushers; the lookahead worker on an accelerator)
     details: Dict[str, float] = field(default_factory=dict)  # hit ratio, rows per step, bytes moved
+    by_sharding: Dict[str, Dict[str, float]] = field(default_factory=dict)  # each sharding's tables' own terms
 
     @property
     def step_s(self) -> float:
@@ -248,7 +279,7 @@ def table_traffic(t: CostTable, w: Workload, plan: Plan, device_is_host: bool) -
     d, W = t.distribution, w.world_size
     ids = w.batch_size * t.pooling
     base = TableTraffic(ids=ids, unique_rank=d.expected_unique(ids), unique_all=d.expected_unique(W * ids))
-    if plan.sharding != FRUGAL:
+    if plan.sharding_of(t.name) != FRUGAL:
         return base
     # Hot rows: W * floor(c N) hottest (by pre-sample), dealt round-robin: each rank holds 1/W of them.
     k = min(t.rows, W * int(plan.cache_ratio * t.rows + 1e-9)) if plan.cache_ratio < 1.0 else t.rows
@@ -356,31 +387,46 @@ class CostModel:
         return w.threads_per_rank or max(1, self.hw.host_cores // w.world_size)
 
     def predict(self, w: Workload, plan: Plan) -> StepCost:
+        """The predicted step of ``plan``: the terms every step pays (dense compute, DDP, the
+        training loop), plus for each sharding the terms of its tables, priced as if they were the
+        only tables (the frugal tables share one engine: its fixed host work, barrier, gradient
+        exchange and flushers; the tables of one stock sharding share its all-to-alls), then the
+        gate stall and the contention of the whole step."""
         p = Primitives(self.hw, w.world_size)
-        traffic = [table_traffic(t, w, plan, self.hw.device_is_host) for t in w.tables]
         terms = dict.fromkeys(TERMS, 0.0)
         terms.update(self._common(w, p))
-        if plan.sharding == FRUGAL:
-            body, mem, background, details = self._frugal(w, plan, p, traffic)
-        else:
-            body, mem = self._stock(w, plan.sharding, p, traffic)
-            background, details = 0.0, {}
-        terms.update(body)
-        if plan.sharding == FRUGAL and plan.lookahead > 0 and not self.hw.device_is_host:
+        groups = plan.groups(w)
+        by_sharding: Dict[str, Dict[str, float]] = {}
+        mem = background = ids = unique = 0.0
+        frugal_details: Dict[str, float] = {}
+        for sharding, idx in groups.items():
+            part = replace(w, tables=tuple(w.tables[i] for i in idx))
+            traffic = [table_traffic(t, part, plan, self.hw.device_is_host) for t in part.tables]
+            if sharding == FRUGAL:
+                body, m, background, frugal_details = self._frugal(part, plan, p, traffic)
+            else:
+                body, m = self._stock(part, sharding, p, traffic)
+            by_sharding[sharding] = body
+            for k, v in body.items():
+                terms[k] += v
+            mem += m  # per group, its fullest device: an upper bound when groups fill different ones
+            ids += sum(t.ids for t in traffic)
+            unique += sum(t.unique_rank for t in traffic)
+        if FRUGAL in groups and plan.lookahead > 0 and not self.hw.device_is_host:
             # Flushers run beside the step; the gate waits only for what they cannot finish in it.
             terms["gate_stall"] = max(0.0, background - sum(terms.values()))
         terms["contention"] = self._contention(w, terms, background)
         step = sum(terms.values())
         dense_bytes = w.dense.params * F32 * (2.0 + w.dense_state_floats)
         return StepCost(
-            sharding=plan.sharding,
+            sharding=next(iter(groups)) if len(groups) == 1 else "mixed",
             terms=terms,
             samples_per_second=w.world_size * w.batch_size / step,
             fits=mem + dense_bytes <= MEMORY_HEADROOM * self.hw.device_memory_bytes,
             memory_bytes_per_device=mem + dense_bytes,
             background_s=background,
-            details={"ids_per_rank": sum(t.ids for t in traffic),
-                     "unique_rows_per_rank": sum(t.unique_rank for t in traffic), **details},  # fmt: skip
+            details={"ids_per_rank": ids, "unique_rows_per_rank": unique, **frugal_details},
+            by_sharding=by_sharding,
         )
 
     def _common(self, w: Workload, p: Primitives) -> Dict[str, float]:
@@ -552,3 +598,94 @@ def predict_all(
         else:
             out[s] = model.predict(w, Plan(s))
     return out
+
+
+PLANNER_SHARDINGS = (FRUGAL, "table_wise", "row_wise", "table_row_wise")
+"""What a table may take when the planner chooses (data_parallel replicates whole tables)."""
+
+
+@dataclass
+class PlanChoice:
+    """The plan of least predicted step, and each uniform plan for comparison (all predictions)."""
+
+    plan: Plan
+    cost: StepCost
+    uniform: Dict[str, Tuple[Plan, StepCost]]
+
+    def predicted(self) -> Dict[str, StepCost]:
+        """"plan" (the chosen one), then every uniform alternative by sharding."""
+        return {"plan": self.cost, **{s: c for s, (_, c) in self.uniform.items()}}
+
+
+def _better(cost: StepCost, than: Optional[StepCost]) -> bool:
+    """A plan that fits beats one that does not; else faster by more than 0.1% (ties keep ``than``)."""
+    return than is None or (cost.fits and not than.fits) or (
+        cost.fits == than.fits and cost.step_s < than.step_s * (1 - 1e-3)
+    )
+
+
+def choose_plan(
+    model: CostModel,
+    w: Workload,
+    candidates: Optional[Mapping[str, Sequence[str]]] = None,
+    cache_ratios: Sequence[float] = CACHE_RATIO_CHOICES,
+    lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
+    rounds: int = 4,
+) -> PlanChoice:
+    """A sharding per table, a cache ratio and a lookahead of least predicted step time.
+
+    ``candidates`` maps each table to the shardings it may take (default: ``PLANNER_SHARDINGS``;
+    a table with one candidate is fixed). A local search starts from each uniform plan (every
+    table on one sharding where it allows it, Frugal's settings tuned) and alternates: each table
+    in turn, largest first, moves to the sharding that lowers the predicted step of the whole
+    mixed plan (``CostModel.predict``); then the cache ratio and L are tuned for the assignment;
+    until a round changes nothing. The best end point wins. The step is not a sum of per-table
+    costs (shared all-to-all latencies, the engine's fixed work, the gate stall, contention), so
+    every move is priced on the whole plan; the result is never predicted slower than the best
+    uniform plan.
+    """
+    names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
+    cand = {n: tuple((candidates or {}).get(n, PLANNER_SHARDINGS)) for n in names}
+    if any(not c for c in cand.values()):
+        raise ValueError("every table needs at least one candidate sharding")
+
+    def tune(assign: Dict[str, str], plan: Plan, cost: Optional[StepCost]) -> Tuple[Plan, StepCost]:
+        """The best cache ratio and L for ``assign`` (kept as in ``plan`` on ties)."""
+        best = (plan, cost if cost is not None else model.predict(w, plan))
+        if FRUGAL in assign.values():
+            for c in cache_ratios:
+                for L in lookaheads:
+                    trial = Plan.of(assign, c, L)
+                    trial_cost = model.predict(w, trial)
+                    if _better(trial_cost, best[1]):
+                        best = (trial, trial_cost)
+        return best
+
+    def descend(assign: Dict[str, str], plan: Plan, cost: StepCost) -> Tuple[Plan, StepCost]:
+        for _ in range(rounds):
+            moved = False
+            for n in names:
+                for s in cand[n]:
+                    if s == assign[n]:
+                        continue
+                    trial = {**assign, n: s}
+                    trial_plan = Plan.of(trial, plan.cache_ratio, plan.lookahead)
+                    trial_cost = model.predict(w, trial_plan)
+                    if _better(trial_cost, cost):
+                        assign, plan, cost, moved = trial, trial_plan, trial_cost, True
+            if not moved:
+                break
+            plan, cost = tune(assign, plan, cost)
+        return plan, cost
+
+    uniform: Dict[str, Tuple[Plan, StepCost]] = {}
+    best: Optional[Tuple[Plan, StepCost]] = None
+    for s in dict.fromkeys(x for n in names for x in cand[n]):
+        assign = {n: s if s in cand[n] else cand[n][0] for n in names}
+        uniform[s] = tune(assign, Plan.of(assign), None)
+        plan, cost = descend(assign, *uniform[s])
+        if best is None or _better(cost, best[1]):
+            best = (plan, cost)
+    assert best is not None
+    plan, cost = best
+    return PlanChoice(plan, cost, uniform)

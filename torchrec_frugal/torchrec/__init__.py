@@ -8,6 +8,7 @@ from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingC
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder, FrugalShardedEmbeddingBagCollection
 from .pipeline import FrugalTrainPipeline
 from .planner import FrugalShardingPlanner, frugal
+from .stats import FrugalCostStats
 from .types import FRUGAL
 from .topology import CONSUMER_GPUS, consumer_pcie_topology
 
@@ -16,6 +17,7 @@ patches.apply()
 __all__ = [
     "CONSUMER_GPUS",
     "FRUGAL",
+    "FrugalCostStats",
     "FrugalEmbeddingBagCollectionSharder",
     "FrugalEmbeddingCollectionSharder",
     "FrugalShardedEmbeddingBagCollection",

@@ -1,23 +1,29 @@
-"""FrugalShardingPlanner: every table on "frugal" unless constrained, caches sized from memory.
+"""FrugalShardingPlanner: frugal or a stock sharding per table, caches sized from memory.
 
 It is TorchRec's ``EmbeddingShardingPlanner`` (with the shims of :mod:`.patches`, which teach it
-the "frugal" type) plus two decisions: tables without a ``sharding_types`` constraint are
-constrained to "frugal", and once the plan is partitioned, the per-rank cache ratio of the frugal
-tables is set from the device memory the topology has left on the fullest rank (at most
-``FrugalConfig.cache_ratio``). A ``ParameterConstraints(sharding_types=[...])`` keeps a table on
-any stock type; its cost, placement and memory are TorchRec's as usual.
+the "frugal" type) plus two decisions. Which sharding each table without a ``sharding_types``
+constraint gets: "frugal", or, given a hardware profile, the cost model's choice among frugal,
+table_wise, row_wise and table_row_wise, with a cache ratio and lookahead, by least predicted step
+time (:mod:`.plan_choice` says why that choice is made for the whole plan and not by a TorchRec
+shard estimator). And, once the plan is partitioned, the per-rank cache ratio of the frugal
+tables: the largest the device memory left on the fullest rank holds, at most
+``FrugalConfig.cache_ratio`` (with a profile: at most the chosen ratio). A
+``ParameterConstraints(sharding_types=[...])`` keeps a table on any stock type; its cost,
+placement and memory are TorchRec's as usual.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional, Tuple, Union, cast
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
@@ -42,10 +48,14 @@ from torchrec.distributed.types import (
 )
 
 from ..config import FrugalConfig
+from ..cost_model import CACHE_RATIO_CHOICES, CostModel, PlanChoice, StepCost, Workload
+from ..profiles import HardwareProfile
 from .checkpoint import row_blocks
 from .embedding import FrugalEmbeddingCollectionSharder
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder
 from .patches import frugal_row_bytes
+from .plan_choice import TableCandidates, choose, hardware_profile
+from .stats import FrugalCostStats
 from .types import FRUGAL
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -91,13 +101,31 @@ def frugal(cache_ratio: Optional[float] = None) -> ParameterShardingGenerator:
 
 
 class FrugalShardingPlanner(EmbeddingShardingPlanner):
-    """Plans "frugal" for every table a frugal sharder serves, unless constrained otherwise.
+    """Plans "frugal", or with ``hardware`` the cheapest predicted sharding, for every table a
+    frugal sharder serves, unless constrained otherwise.
 
-    Takes the arguments of TorchRec's ``EmbeddingShardingPlanner`` plus ``config``, whose
-    ``cache_ratio`` caps the per-rank cache ratio (default: the frugal sharders' configs).
+    Takes the arguments of TorchRec's ``EmbeddingShardingPlanner`` plus:
+
+    - ``config``: its ``cache_ratio`` caps the per-rank cache ratio (default: the frugal sharders'
+      configs); without ``hardware`` every free table goes "frugal".
+    - ``hardware``: a profile name ("rtx3090", "cpu", ...), a profile JSON path or a
+      ``HardwareProfile``. Each free table then goes to frugal, table_wise, row_wise or
+      table_row_wise (what its sharder offers), and the frugal tables' cache ratio and lookahead
+      are chosen, by least predicted step time (:func:`torchrec_frugal.cost_model.choose_plan`);
+      the cache ratio is then the smaller of the chosen one and what device memory holds.
+    - ``id_counts``: per table, id counts of a pre-sample (the distribution the prediction uses);
+      tables without counts get Zipf ids, skew ``zipf_s`` or by table size (``plan_choice.DEFAULT_SKEW``).
+
     ``plan(module, sharders)`` and ``collective_plan(module, sharders, pg)`` work as there; without
     sharders they use the frugal sharders (with ``config``). After planning, ``cache_ratio`` holds
-    the ratio given to frugal tables (None if the plan has none).
+    the ratio given to frugal tables (None if the plan has none). With ``hardware`` also:
+    ``lookahead`` (the chosen L) and ``predicted`` (the predicted step, as ``StepCost``, of the
+    plan under "plan" and of every uniform alternative under its sharding's name); the plan report
+    logs them (:class:`.stats.FrugalCostStats`). The lookahead reaches the engines through the
+    sharders' ``FrugalConfig``: the planner sets it there, on every rank for ``collective_plan``,
+    so the sharders given to the planner, then to ``DistributedModelParallel``, carry it
+    (``sharders()`` returns them, or the frugal defaults the planner used); the cache ratio
+    reaches them per table, as ``cache_params.load_factor`` in the plan.
     """
 
     def __init__(
@@ -115,7 +143,15 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         callbacks: Optional[List[Callable[[List[ShardingOption]], List[ShardingOption]]]] = None,
         timeout_seconds: Optional[int] = None,
         config: Optional[FrugalConfig] = None,
+        hardware: Optional[Union[str, HardwareProfile]] = None,
+        id_counts: Optional[Mapping[str, Union[torch.Tensor, Sequence[float]]]] = None,
+        zipf_s: Optional[float] = None,
     ) -> None:
+        self._hardware = hardware_profile(hardware) if hardware is not None else None
+        self._cost_stats = FrugalCostStats()
+        if self._hardware is not None:
+            given = [] if stats is None else stats if isinstance(stats, list) else [stats]
+            stats = (given or [EmbeddingStats()]) + [self._cost_stats]
         super().__init__(
             topology=topology,
             batch_size=batch_size,
@@ -127,14 +163,20 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             stats=stats,
             constraints=constraints,
             debug=debug,
-            callbacks=[self._size_caches] + list(callbacks or []),
+            callbacks=[self._size_caches, self._predict_final] + list(callbacks or []),
             timeout_seconds=timeout_seconds,
         )
         self._config = config
         self._user_constraints: Dict[str, ParameterConstraints] = dict(constraints or {})
         self._own_enumerator = enumerator is None
         self._planning: Optional[Tuple[nn.Module, List[ModuleSharder[nn.Module]]]] = None
+        self._id_counts = dict(id_counts or {})
+        self._zipf_s = zipf_s
+        self._choice: Optional[Tuple[Workload, PlanChoice]] = None
+        self._sharders: List[ModuleSharder[nn.Module]] = []
         self.cache_ratio: Optional[float] = None
+        self.lookahead: Optional[int] = None
+        self.predicted: Dict[str, StepCost] = {}
 
     def collective_plan(
         self,
@@ -142,19 +184,45 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         sharders: Optional[List[ModuleSharder[nn.Module]]] = None,
         pg: Optional[dist.ProcessGroup] = None,
     ) -> ShardingPlan:
-        return super().collective_plan(module, sharders if sharders is not None else self._default_sharders(), pg)
+        sharders = sharders if sharders is not None else self._default_sharders()
+        plan = super().collective_plan(module, sharders, pg)
+        self._sharders = sharders
+        if self._hardware is not None:  # rank 0 planned: every rank takes its choice
+            group = pg if pg is not None else dist.GroupMember.WORLD
+            chosen = [(self.cache_ratio, self.lookahead, self.predicted)]
+            dist.broadcast_object_list(chosen, src=dist.get_global_rank(group, 0), group=group)
+            self.cache_ratio, self.lookahead, self.predicted = chosen[0]
+            self._set_lookahead()
+        return plan
 
     def plan(self, module: nn.Module, sharders: Optional[List[ModuleSharder[nn.Module]]] = None) -> ShardingPlan:
         if sharders is None:
             sharders = self._default_sharders()
+        self._sharders = sharders
+        self.cache_ratio, self.lookahead, self.predicted, self._choice = None, None, {}, None
+        self._cost_stats.prediction = None
         self._constraints = self._frugal_constraints(module, sharders)
         if self._own_enumerator:
             self._enumerator = EmbeddingEnumerator(
                 topology=self._topology, batch_size=self._batch_size, constraints=self._constraints
             )
         self._planning = (module, sharders)
-        self.cache_ratio = None
-        return super().plan(module, sharders)
+        plan = super().plan(module, sharders)
+        self._set_lookahead()
+        return plan
+
+    def sharders(self) -> List[ModuleSharder[nn.Module]]:
+        """The sharders of the last plan (the frugal defaults if it got none), with the chosen
+        lookahead in their ``FrugalConfig``: give these to ``DistributedModelParallel``."""
+        return list(self._sharders)
+
+    def _set_lookahead(self) -> None:
+        if self.lookahead is None:
+            return
+        for sharder in self._sharders:
+            config = getattr(sharder, "config", None)
+            if isinstance(config, FrugalConfig):
+                config.lookahead = self.lookahead
 
     def _default_sharders(self) -> List[ModuleSharder[nn.Module]]:
         config = self._config or FrugalConfig()
@@ -166,8 +234,10 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
     def _frugal_constraints(
         self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]
     ) -> Dict[str, ParameterConstraints]:
-        """The user's constraints, with "frugal" for every table they leave unconstrained."""
+        """The user's constraints, with a sharding type for every table they leave unconstrained:
+        "frugal", or with a hardware profile the cost model's choice."""
         by_type = {sharder_name(s.module_type): s for s in sharders}
+        choice = self._choose(module, sharders)
         out = dict(self._user_constraints)
         for child in module.modules():
             sharder = by_type.get(sharder_name(type(child)))
@@ -175,14 +245,30 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
                 continue
             for name in sharder.shardable_parameters(child):
                 c = out.get(name)
+                kind = choice.get(name, FRUGAL)
                 if c is None:
-                    out[name] = ParameterConstraints(sharding_types=[FRUGAL])
+                    out[name] = ParameterConstraints(sharding_types=[kind])
                 elif c.sharding_types is None:
-                    out[name] = replace(c, sharding_types=[FRUGAL])
+                    out[name] = replace(c, sharding_types=[kind])
         return out
 
+    def _choose(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> Dict[str, str]:
+        """With a hardware profile: the cost model's sharding for each free table (else none)."""
+        if self._hardware is None:
+            return {}
+        tables = TableCandidates(module, sharders, self._user_constraints, self._topology.compute_device)
+        world = self._topology.world_size
+        ratios = [c for c in CACHE_RATIO_CHOICES if c <= 1.0 / world] or [1.0 / world]
+        self._choice = choose(
+            tables, self._hardware, self._batch_size, world, ratios, self._id_counts, self._zipf_s
+        )
+        plan = self._choice[1].plan
+        logger.info(f"FrugalShardingPlanner: predicted best plan on {self._hardware.name!r}: {plan}")
+        return {name: plan.sharding_of(name) for name in tables.free}
+
     def _size_caches(self, best_plan: List[ShardingOption]) -> List[ShardingOption]:
-        """Give frugal tables the largest cache ratio (<= config) that the fullest rank holds."""
+        """Give frugal tables the largest cache ratio (<= config, or the cost model's choice) that
+        the fullest rank holds."""
         frugal_options = [so for so in best_plan if so.sharding_type == FRUGAL]
         if not frugal_options:
             return best_plan
@@ -241,7 +327,25 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         self.cache_ratio = ratio if sized else None
         return best_plan
 
+    def _predict_final(self, best_plan: List[ShardingOption]) -> List[ShardingOption]:
+        """With a hardware profile: the prediction of the plan as sized (its final cache ratio)."""
+        if self._choice is None:
+            return best_plan
+        w, choice = self._choice
+        plan = choice.plan
+        if any(so.sharding_type == FRUGAL for so in best_plan):
+            self.lookahead = plan.lookahead
+        if self.cache_ratio is not None:  # frugal tables were sized: predict the ratio they got
+            plan = replace(plan, cache_ratio=self.cache_ratio)
+        assert self._hardware is not None
+        self.predicted = {**choice.predicted(), "plan": CostModel(self._hardware).predict(w, plan)}
+        self._cost_stats.prediction, self._cost_stats.plan = self.predicted, plan
+        self._cost_stats.profile = self._hardware.name
+        return best_plan
+
     def _cache_ratio_cap(self, sharder: ModuleSharder[nn.Module]) -> float:
+        if self._choice is not None:
+            return self._choice[1].plan.cache_ratio
         if self._config is not None:
             return self._config.cache_ratio
         config = getattr(sharder, "config", None)

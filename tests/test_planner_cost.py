@@ -1,0 +1,156 @@
+"""FrugalShardingPlanner(hardware=...): per-table shardings, cache ratio and L by predicted step.
+
+In-process planning on meta-device models (the DLRM of tests/test_torchrec_planner.py) with
+modified profiles whose predictions leave no doubt: very slow host reads must send the large
+tables to a stock sharding, very slow all-to-alls must keep every table frugal. A mixed plan
+(frugal and table_wise tables) chosen by the cost model trains on 2 gloo ranks exactly like
+TorchRec's table_wise sharding (the model, data and helpers of tests/test_torchrec_distributed.py).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+import torch
+from torchrec.distributed.planner import Topology
+
+import test_torchrec_distributed as trd
+from test_torchrec_planner import ADAGRAD, EBC_PATH, ROWS, dlrm, types
+from torchrec_frugal.config import FrugalConfig
+from torchrec_frugal.profiles import HardwareProfile, load_profile
+from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
+from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+
+CPU = load_profile("cpu")  # predicts frugal for every table of the test DLRM
+RTX3090 = load_profile("rtx3090")  # predicts table_wise for every table
+SLOW_HOST_READS = replace(CPU, host_read_random_bw=1e6, host_read_sorted=[(16384.0, 1e6), (1048576.0, 1e6)])
+SLOW_ALL_TO_ALL = replace(RTX3090, p2p=False, a2a_bw=1e6, a2a_latency_s=1e-2)
+# Host reads and all-to-alls both slow, with ids that make the largest table read many host rows
+# (uniform) and every other table one hot row: frugal costs the largest table most, table_wise
+# the others, so the cheapest predicted plan mixes them.
+MIXED = replace(load_profile("cpu"), host_read_random_bw=1e5, host_read_sorted=[(16384.0, 1e5)], a2a_bw=1e6)
+
+
+def mixed_id_counts(rows: List[int]) -> Dict[str, torch.Tensor]:
+    counts = {f"t{t}": torch.zeros(n) for t, n in enumerate(rows)}
+    for c in counts.values():
+        c[0] = 1.0
+    counts[f"t{len(rows) - 1}"] = torch.ones(rows[-1])
+    return counts
+
+
+def planned(hardware: Any, topology: Topology = Topology(world_size=2, compute_device="cpu"), **kw: Any):
+    sharder = FrugalEmbeddingBagCollectionSharder(fused_params=ADAGRAD, config=FrugalConfig(lookahead=7))
+    planner = FrugalShardingPlanner(topology=topology, batch_size=1024, hardware=hardware, **kw)
+    return planner.plan(dlrm(), [sharder]), planner, sharder
+
+
+def test_slow_host_reads_send_the_large_tables_to_a_stock_sharding() -> None:
+    assert set(types(planned(CPU)[0]).values()) == {FRUGAL}
+    plan, planner, _ = planned(SLOW_HOST_READS)
+    got = types(plan)
+    assert got["t2"] != FRUGAL and got["t3"] != FRUGAL  # 200,000 and 30,000 rows
+    assert planner.predicted["plan"].step_s < planner.predicted[FRUGAL].step_s / 2
+
+
+def test_slow_all_to_alls_keep_every_table_frugal() -> None:
+    assert FRUGAL not in set(types(planned(RTX3090)[0]).values())
+    plan, planner, sharder = planned(SLOW_ALL_TO_ALL)
+    assert types(plan) == {f"t{i}": FRUGAL for i in range(len(ROWS))}
+    assert planner.cache_ratio is not None and planner.lookahead is not None
+    ratios = {ps.cache_params.load_factor for ps in plan.plan[EBC_PATH].values()}  # type: ignore[union-attr]
+    assert ratios == {planner.cache_ratio}
+    assert sharder.config.lookahead == planner.lookahead  # the route to the engines
+    assert planner.sharders() == [sharder]
+    for stock in ("table_wise", "row_wise", "table_row_wise"):
+        assert planner.predicted["plan"].step_s < planner.predicted[stock].step_s / 2
+
+
+def test_a_mixed_plan_is_never_predicted_slower_than_a_uniform_one() -> None:
+    plan, planner, _ = planned(MIXED, id_counts=mixed_id_counts(ROWS))
+    assert [types(plan)[f"t{i}"] for i in range(len(ROWS))] == [FRUGAL] * 3 + ["table_wise"]
+    chosen = planner.predicted["plan"]
+    assert chosen.sharding == "mixed" and set(chosen.by_sharding) == {FRUGAL, "table_wise"}
+    assert all(chosen.step_s < c.step_s for s, c in planner.predicted.items() if s != "plan")
+
+
+def test_the_cache_ratio_is_the_smaller_of_the_choice_and_device_memory() -> None:
+    small = Topology(world_size=4, compute_device="cuda", hbm_cap=int(2e6))
+    _, roomy, _ = planned(SLOW_ALL_TO_ALL, Topology(world_size=4, compute_device="cuda"))
+    _, tight, _ = planned(SLOW_ALL_TO_ALL, small)
+    _, bound, _ = planned(None, small, config=FrugalConfig(cache_ratio=1.0))  # what memory holds
+    assert roomy.cache_ratio is not None and bound.cache_ratio is not None
+    assert bound.cache_ratio < roomy.cache_ratio
+    assert tight.cache_ratio == pytest.approx(bound.cache_ratio)
+    assert tight.predicted["plan"].details["cache_ratio"] == tight.cache_ratio  # predicted as sized
+
+
+def test_the_report_shows_the_predicted_terms(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="torchrec_frugal.torchrec.stats"):
+        planned(SLOW_HOST_READS)
+    report = "\n".join(r.getMessage() for r in caplog.records if r.name == "torchrec_frugal.torchrec.stats")
+    assert "PREDICTED" in report and "predictions, not measurements" in report
+    assert "| term (ms per step) | plan | frugal | table_wise | row_wise | table_row_wise |" in report
+    for term in ("host_reads", "output_all_to_all", "engine_host", "**step**", "samples/s"):
+        assert term in report
+
+
+def test_without_hardware_the_plan_is_unchanged() -> None:
+    plan, planner, sharder = planned(None)
+    assert types(plan) == {f"t{i}": FRUGAL for i in range(len(ROWS))}
+    assert planner.cache_ratio == FrugalConfig().cache_ratio
+    assert planner.lookahead is None and planner.predicted == {} and sharder.config.lookahead == 7
+
+
+def test_a_profile_is_taken_by_name_or_as_data() -> None:
+    _, by_name, _ = planned("rtx3090")
+    _, as_data, _ = planned(RTX3090)
+    assert isinstance(RTX3090, HardwareProfile)
+    assert by_name.predicted["plan"].step_s == as_data.predicted["plan"].step_s
+
+
+# ---------------------------------------------------------------------------- a mixed plan trains
+STEPS = 100
+_PLANNERS: List[FrugalShardingPlanner] = []
+
+
+class MixedPlanner(FrugalShardingPlanner):
+    """What ``trd.build`` gets as FrugalShardingPlanner in the ranks: the MIXED profile's choice."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(hardware=MIXED, id_counts=mixed_id_counts(trd.TABLE_ROWS), **kw)
+        _PLANNERS.append(self)
+
+
+def _planned_and_table_wise(rank: int, world: int) -> Dict[str, Any]:
+    import torchrec_frugal.torchrec.planner as planner_module
+
+    planner_module.FrugalShardingPlanner = MixedPlanner  # type: ignore[misc]  # build() plans with it
+    dmp, optimizer, key = trd.build(world, "frugal", "adagrad")
+    planner_module.FrugalShardingPlanner = FrugalShardingPlanner  # type: ignore[misc]
+    losses = trd.train(dmp, optimizer, trd.ZipfBatches(rank).batches(0, STEPS))
+    out: Dict[str, Any] = {
+        "planned": {
+            "losses": np.array(losses),
+            "tables": trd.full_tables(dmp, key, trd.table_shapes("dlrm")),
+            "types": trd.sharding_types(dmp),
+            "engine_lookahead": sorted({lookup.lookahead() for lookup in trd.frugal_lookups(dmp)}),
+            "planner_lookahead": _PLANNERS[-1].lookahead,
+        }
+    }
+    trd.release(dmp)
+    out["tw"] = trd.run_training(world, "table_wise", "adagrad", steps=STEPS)
+    return out
+
+
+def test_a_mixed_plan_chosen_by_the_cost_model_trains_like_table_wise() -> None:
+    results = run_ranks(2, _planned_and_table_wise)
+    n = len(trd.TABLE_ROWS)
+    for res in results:
+        assert [res["planned"]["types"][f"t{t}"] for t in range(n)] == [FRUGAL] * (n - 1) + ["table_wise"]
+        assert res["planned"]["engine_lookahead"] == [res["planned"]["planner_lookahead"]]
+    trd.assert_same_training(results, "planned", "tw")

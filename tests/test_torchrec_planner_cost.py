@@ -15,14 +15,17 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
-from torchrec.distributed.planner import Topology
+from torch import nn
+from torchrec.distributed.planner import ParameterConstraints, Topology
 
 import test_torchrec_distributed as trd
 from test_torchrec_planner import ADAGRAD, EBC_PATH, ROWS, dlrm, types
 from torchrec_frugal.config import FrugalConfig
+from torchrec_frugal.cost_model import PLANNER_SHARDINGS
 from torchrec_frugal.profiles import HardwareProfile, load_profile
 from torchrec_frugal.test_utils import run_ranks
 from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
+from torchrec_frugal.torchrec.plan_choice import TableCandidates
 from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
 
 CPU = load_profile("cpu")  # predicts frugal for every table of the test DLRM
@@ -47,6 +50,20 @@ def planned(hardware: Any, topology: Topology = Topology(world_size=2, compute_d
     sharder = FrugalEmbeddingBagCollectionSharder(fused_params=ADAGRAD, config=FrugalConfig(lookahead=7))
     planner = FrugalShardingPlanner(topology=topology, batch_size=1024, hardware=hardware, **kw)
     return planner.plan(dlrm(), [sharder]), planner, sharder
+
+
+def test_the_workload_comes_from_the_module_and_the_constraints() -> None:
+    model = dlrm()
+    sharder = FrugalEmbeddingBagCollectionSharder(fused_params=ADAGRAD)
+    constraints = {"t1": ParameterConstraints(sharding_types=["row_wise"], pooling_factors=[3.0])}
+    tables = TableCandidates(model, [sharder], constraints, "cpu")
+    assert tables.shapes == {f"t{i}": (n, 16) for i, n in enumerate(ROWS)}
+    assert tables.free == {"t0", "t2", "t3"} and tables.candidates["t0"] == PLANNER_SHARDINGS
+    assert tables.candidates["t1"] == ("row_wise",) and tables.pooling == {"t0": 1.0, "t1": 3.0, "t2": 1.0, "t3": 1.0}
+    dense = sum(p.numel() for p in model.parameters()) - 16 * sum(ROWS)
+    assert tables.dense.params == dense and tables.dense.flops_per_sample == 2.0 * dense
+    assert tables.dense.ops == 3 * sum(isinstance(m, nn.Linear) for m in model.modules())
+    assert tables.state_floats_per_row() == 1.0  # row-wise Adagrad
 
 
 def test_slow_host_reads_send_the_large_tables_to_a_stock_sharding() -> None:

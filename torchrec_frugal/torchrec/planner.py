@@ -257,6 +257,8 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         if self._hardware is None:
             return {}
         tables = TableCandidates(module, sharders, self._user_constraints, self._topology.compute_device)
+        if not tables.shapes:
+            return {}
         world = self._topology.world_size
         ratios = [c for c in CACHE_RATIO_CHOICES if c <= 1.0 / world] or [1.0 / world]
         self._choice = choose(

@@ -10,14 +10,18 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(1)
 
-from torchrec_frugal.shm import list_segments, sweep_stale_segments  # noqa: E402
+from torchrec_frugal.shm import list_segments, owned_paths, sweep_stale_segments  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def no_shared_memory_left():
-    """Every test must leave /dev/shm free of frugal segments (a crash may not leak them either)."""
+    """Every test must leave /dev/shm free of frugal segments (a crash may not leak them either),
+    and this process holding no segment name it created, wherever its directory (tmp_path too)."""
     sweep_stale_segments()
     before = set(list_segments())
+    held = set(owned_paths())
     yield
     leaked = sorted(set(list_segments()) - before)
     assert not leaked, f"shared-memory segments left behind: {leaked}"
+    named = sorted(set(owned_paths()) - held)
+    assert not named, f"segment names this process created and never unlinked: {named}"

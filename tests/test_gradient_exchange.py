@@ -8,7 +8,7 @@ from torchrec_frugal.device import REACHED
 from torchrec_frugal.gate import GRAD_ROWS, STAGED, Control, control_field
 from torchrec_frugal.gradient_exchange import GradientExchange, sum_owned
 from torchrec_frugal.mailbox import Record, grads_layout
-from torchrec_frugal.shm import PREFIX, Layout, SharedSegment, new_run_id
+from torchrec_frugal.shm import PREFIX, Layout, SharedSegment, new_run_id, owned_paths
 
 WORLD, DIM, ROWS = 3, 2, 30
 
@@ -53,19 +53,24 @@ def test_ranks_stage_and_each_owner_sums_its_rows(tmp_path) -> None:
         rec.attach_peers()
     for rec in records:
         rec.unlink_own()
-    exchanges = [GradientExchange(rec, c, owner, DIM) for rec, c in zip(records, controls)]
-    gen = torch.Generator().manual_seed(0)
-    expected = torch.zeros(ROWS, DIM)
-    for ex in exchanges:
-        rows = torch.unique(torch.randint(0, ROWS, (12,), generator=gen))
-        grads = torch.randn(rows.shape[0], DIM, generator=gen)
-        expected.index_add_(0, rows, grads)
-        ex.stage(0, rows, grads, REACHED)
-    assert all(ex.wait_staged(0) == 0.0 for ex in exchanges)  # every rank staged: nobody waits
-    for r, ex in enumerate(exchanges):
-        rows, summed = ex.sum_owned()
-        assert (owner[rows] == r).all() and np.all(np.diff(rows) > 0)
-        torch.testing.assert_close(summed, expected[torch.from_numpy(rows)])
-        untouched = np.setdiff1d(np.flatnonzero(owner == r), rows)
-        assert expected[torch.from_numpy(untouched)].eq(0).all()
-    assert controls[0].take_waited()["exchange"] == 0.0
+    try:
+        exchanges = [GradientExchange(rec, c, owner, DIM) for rec, c in zip(records, controls)]
+        gen = torch.Generator().manual_seed(0)
+        expected = torch.zeros(ROWS, DIM)
+        for ex in exchanges:
+            rows = torch.unique(torch.randint(0, ROWS, (12,), generator=gen))
+            grads = torch.randn(rows.shape[0], DIM, generator=gen)
+            expected.index_add_(0, rows, grads)
+            ex.stage(0, rows, grads, REACHED)
+        assert all(ex.wait_staged(0) == 0.0 for ex in exchanges)  # every rank staged: nobody waits
+        for r, ex in enumerate(exchanges):
+            rows, summed = ex.sum_owned()
+            assert (owner[rows] == r).all() and np.all(np.diff(rows) > 0)
+            torch.testing.assert_close(summed, expected[torch.from_numpy(rows)])
+            untouched = np.setdiff1d(np.flatnonzero(owner == r), rows)
+            assert expected[torch.from_numpy(untouched)].eq(0).all()
+        assert controls[0].take_waited()["exchange"] == 0.0
+    finally:
+        for rec in records:  # a record grown while staging keeps its name until unlinked
+            rec.unlink_own()
+    assert not owned_paths()

@@ -31,10 +31,7 @@ from torchrec_frugal.cost_model import CostModel, Plan  # noqa: E402
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
 from torchrec_frugal.profiles import load_profile  # noqa: E402
 
-try:  # the launcher of the DLRM example (it moved from the package to examples/)
-    from examples.demo import TrainRunError, run_train  # noqa: E402
-except ImportError:
-    from torchrec_frugal.demo import TrainRunError, run_train  # type: ignore[no-redef]  # noqa: E402
+from examples.demo import TrainRunError, run_train  # noqa: E402
 
 SHARDERS = ("frugal", "table_wise", "row_wise")
 CACHE_RATIO, LOOKAHEAD = 0.05, 10  # train.py's defaults

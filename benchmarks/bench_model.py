@@ -85,6 +85,26 @@ def markdown(points: Sequence[Dict[str, Any]], profile: str) -> str:
     return "\n".join(lines)
 
 
+def repredict(args: argparse.Namespace, profile: Any) -> int:
+    """The points an earlier run measured, predicted again with ``profile`` (a profile compared
+    on the same measurements, without running them again)."""
+    earlier = json.loads(args.repredict.read_text())
+    points = []
+    for p in earlier["points"]:
+        q = dict(p, predicted=predict(profile, p["config"], p["batch"], p["ranks"], p["sharder"], p["threads"], args.scale))
+        if p.get("measured"):
+            q["error"] = q["predicted"]["samples_per_second"] / p["measured"]["samples_per_second"] - 1.0
+        points.append(q)
+    table = markdown(points, profile.name)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps({"profile": profile.to_json(), "measured_in": str(args.repredict), "points": points,
+                                         "table_markdown": table}, indent=1) + "\n")  # fmt: skip
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    return 0
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=["criteo-kaggle", "avazu"])
@@ -98,12 +118,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--dry-run", action="store_true", help="print the predictions and the runs, run nothing")
+    ap.add_argument("--repredict", type=Path, metavar="JSON",
+                    help="run nothing: predict the measured points of an earlier --json with --profile")
     return ap.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     profile = load_profile(args.profile)
+    if args.repredict:
+        return repredict(args, profile)
     train_py = ROOT / "examples" / "dlrm" / "train.py"
     cores = os.cpu_count() or 1
     points: List[Dict[str, Any]] = []

@@ -24,15 +24,11 @@ from ..config import FrugalConfig, OptimizerSpec, TableSpec
 from ..engine import FrugalEngine
 from ..errors import FrugalError, FrugalInputError
 from .optim import FrugalFusedOptimizer
-from .types import FrugalTable
+from .types import OPTIMIZER_KINDS, FrugalTable
 
 # FBGEMM TBE defaults (split_table_batched_embeddings_ops_training), used when fused_params omit them.
 _FBGEMM_LEARNING_RATE = 0.01
 _FBGEMM_EPS = 1.0e-8
-_OPTIMIZER_KINDS: Dict[EmbOptimType, str] = {
-    EmbOptimType.EXACT_SGD: "sgd",
-    EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad",
-}
 
 
 def optimizer_spec(fused_params: Dict[str, Any], table: str) -> OptimizerSpec:
@@ -40,13 +36,13 @@ def optimizer_spec(fused_params: Dict[str, Any], table: str) -> OptimizerSpec:
     opt = fused_params.get("optimizer", EmbOptimType.EXACT_SGD)
     if isinstance(opt, str):
         opt = EmbOptimType(opt)
-    if opt not in _OPTIMIZER_KINDS:
-        supported = ", ".join(f"EmbOptimType.{o.name}" for o in _OPTIMIZER_KINDS)
+    if opt not in OPTIMIZER_KINDS:
+        supported = ", ".join(f"EmbOptimType.{o.name}" for o in OPTIMIZER_KINDS)
         raise ValueError(f"table {table!r}: frugal sharding supports the fused optimizers {supported}, got {opt}")
     if fused_params.get("weight_decay", 0.0):
         raise ValueError(f"table {table!r}: frugal sharding does not apply weight_decay with {opt}")
     return OptimizerSpec(
-        kind=_OPTIMIZER_KINDS[opt],
+        kind=OPTIMIZER_KINDS[opt],
         lr=float(fused_params.get("learning_rate", _FBGEMM_LEARNING_RATE)),
         eps=float(fused_params.get("eps", _FBGEMM_EPS)),
     )

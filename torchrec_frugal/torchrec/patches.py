@@ -35,8 +35,9 @@ from torchrec.distributed.types import ShardingType
 
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-from ..config import FrugalConfig
-from .types import FRUGAL
+from ..config import FrugalConfig, OptimizerSpec
+from ..optimizers import state_width
+from .types import FRUGAL, OPTIMIZER_KINDS
 
 
 @dataclass(frozen=True)
@@ -202,8 +203,8 @@ def frugal_row_bytes(embedding_dim: int, element_size: int, fused_params: Dict[s
     Planning must not fail on an optimizer frugal tables do not run (the table may end up on a
     stock type): unknown optimizers count one float of state per column.
     """
-    opt = fused_params.get("optimizer", EmbOptimType.EXACT_SGD)
-    state = {EmbOptimType.EXACT_SGD: 0, EmbOptimType.EXACT_ROWWISE_ADAGRAD: 1}.get(opt, embedding_dim)
+    kind = OPTIMIZER_KINDS.get(fused_params.get("optimizer", EmbOptimType.EXACT_SGD))
+    state = embedding_dim if kind is None else state_width(OptimizerSpec(kind), embedding_dim)
     return embedding_dim * element_size + 4 * state
 
 

@@ -6,15 +6,22 @@ The counterpart of TorchRec's ``distributed/types.py``: the planner shims and th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.modules.embedding_configs import PoolingType
 
 from ..config import OptimizerSpec
 
 FRUGAL = "frugal"
 """The sharding-type string of ``ParameterSharding.sharding_type`` for Frugal tables."""
+
+OPTIMIZER_KINDS: Dict[EmbOptimType, str] = {
+    EmbOptimType.EXACT_SGD: "sgd",
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad",
+}
+"""The fused optimizers frugal tables run, as the engine's optimizer kinds."""
 
 
 @dataclass

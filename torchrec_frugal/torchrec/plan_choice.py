@@ -40,12 +40,12 @@ from ..cost_model import (
     choose_plan,
 )
 from ..datasets import SkewConfig
+from ..optimizers import state_width
 from ..profiles import HardwareProfile, load_profile
 from .embedding_kernel import optimizer_spec
 
 DEFAULT_SKEW = SkewConfig()
 """Zipf skew without id counts: s = 1.2 for tables of 10,000 rows or more, 0.3 below."""
-_STATE_FLOATS = {"sgd": 0.0, "rowwise_adagrad": 1.0}  # per row; Adam keeps 2 x dim
 
 
 def hardware_profile(hardware: Union[str, HardwareProfile]) -> HardwareProfile:
@@ -94,10 +94,10 @@ class TableCandidates:
     def state_floats_per_row(self) -> float:
         """Optimizer state per row of the sharders' fused optimizer (row-wise Adagrad if unknown)."""
         try:
-            kind = optimizer_spec(dict(self.fused_params), "any").kind
+            spec = optimizer_spec(dict(self.fused_params), "any")
         except ValueError:
             return 1.0
-        return _STATE_FLOATS.get(kind, 2.0 * max((d for _, d in self.shapes.values()), default=0))
+        return float(state_width(spec, max((d for _, d in self.shapes.values()), default=0)))
 
 
 def dense_model(module: nn.Module, table_numel: int) -> DenseModel:

@@ -1,0 +1,167 @@
+"""benchmarks/paper_setting.py: its predictions against the cost model recomputed directly, and the
+committed results and doc against each other (no training; a few seconds)."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from torchrec_frugal.cost_model import LOOKAHEAD_CHOICES, TERMS, CostModel, Plan
+from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS
+from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload
+from torchrec_frugal.profiles import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ps = _load("paper_setting")
+RTX, A30 = load_profile("rtx3090"), load_profile("a30")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return ps.comparison(RTX)
+
+
+@pytest.fixture(scope="module")
+def points():
+    return ps.hugectr_points(RTX, A30)
+
+
+def _workload(r: Dict, presample_steps: int = PRESAMPLE_STEPS):
+    return dlrm_workload(r["config"], r["gpus"], r["batch_per_gpu"], 1.0, "mlp", presample_steps=presample_steps)
+
+
+# ---------------------------------------------------------------------------- a. the 3090 table
+def test_the_table_has_one_row_per_config_gpus_batch_and_cache_ratio(rows):
+    keys = [(r["config"], r["gpus"], r["batch_per_gpu"], r["cache_ratio"]) for r in rows]
+    configs = ("avazu", "criteo-kaggle", "criteo-tb")
+    assert keys == list(itertools.product(configs, (2, 4, 8), BATCH_SIZES, CACHE_RATIOS))
+    assert len(rows) == 54 and all(r["frugal_fits"] for r in rows)
+    # Full criteo-tb (882.8M rows x (32 + 1) floats) fits no stock sharding on 2 or 4 GPUs of 24 GiB
+    no_stock = {(r["config"], r["gpus"]) for r in rows if r["stock"] is None}
+    assert no_stock == {("criteo-tb", 2), ("criteo-tb", 4)}
+    assert all(r["ratio"] is None and r["gaps_ms"] == [] for r in rows if r["stock"] is None)
+    assert {r["stock"] for r in rows if r["config"] == "criteo-tb" and r["gpus"] == 8} == {"row_wise"}
+
+
+def test_ratio_stock_and_lookahead_recomputed_with_the_cost_model(rows):
+    cm = CostModel(RTX)
+    for r in rows:
+        w = _workload(r)
+        frugal = cm.predict(w, Plan("frugal", cache_ratio=r["cache_ratio"], lookahead=r["lookahead"]))
+        assert frugal.samples_per_second == pytest.approx(r["frugal_samples_per_second"], rel=1e-12)
+        # the reported L is the best of the model's choices (ties within 0.1% keep the earlier one)
+        others = [cm.predict(w, Plan("frugal", r["cache_ratio"], L)).step_s for L in LOOKAHEAD_CHOICES]
+        assert frugal.step_s <= min(others) * (1 + 1e-3)
+        stock = {s: cm.predict(w, Plan(s)) for s in ("table_wise", "row_wise", "table_row_wise")}
+        fitting = {s: c.samples_per_second for s, c in stock.items() if c.fits}
+        if r["stock"] is None:
+            assert not fitting
+            continue
+        assert r["stock"] in fitting and fitting[r["stock"]] == max(fitting.values())
+        assert r["ratio"] == pytest.approx(frugal.samples_per_second / stock[r["stock"]].samples_per_second, rel=1e-12)
+        assert r["ratio"] == pytest.approx(r["frugal_samples_per_second"] / r["stock_samples_per_second"], rel=1e-12)
+
+
+def test_the_gaps_are_the_largest_term_differences(rows):
+    key = ("criteo-kaggle", 8, 1024, 0.05)
+    r = next(x for x in rows if (x["config"], x["gpus"], x["batch_per_gpu"], x["cache_ratio"]) == key)
+    diff = {t: r["frugal_terms_ms"].get(t, 0.0) - r["stock_terms_ms"].get(t, 0.0) for t in TERMS}
+    top = [t for t in sorted(diff, key=lambda t: -abs(diff[t]))[:3] if abs(diff[t]) >= 0.005]
+    assert len(top) == 3  # engine_host, output_all_to_all, gradient_exchange
+    assert [t for t, _ in r["gaps_ms"]] == top
+    assert [d for _, d in r["gaps_ms"]] == pytest.approx([diff[t] for t in top])
+    # the differences of all terms add up to the difference of the steps
+    samples = r["gpus"] * r["batch_per_gpu"]
+    step = [1e3 * samples / r[k] for k in ("frugal_samples_per_second", "stock_samples_per_second")]
+    assert sum(diff.values()) == pytest.approx(step[0] - step[1], rel=1e-9)
+
+
+# ---------------------------------------------------------------------------- b(i). all-to-all bandwidth
+def _bw(hw, world: int) -> float:
+    """The profiles' effective all-to-all bandwidth (docs/cost_model.md, Primitives), from their fields."""
+    return hw.a2a_bw if hw.p2p else min(hw.a2a_bw, hw.host_mem_bw / (2.0 * world))
+
+
+def test_a2a_share_is_the_ratio_of_the_profiles_effective_bandwidths():
+    out = ps.a2a_check(RTX, A30)
+    assert [(r["rtx3090_gpus"], r["a30_gpus"]) for r in out] == [(2, 2), (4, 4), (8, 4)]
+    for r in out:
+        n, m = r["rtx3090_gpus"], r["a30_gpus"]
+        assert r["rtx3090_gb_per_s"] == pytest.approx(_bw(RTX, n) / 1e9, rel=1e-9)
+        assert r["share"] == pytest.approx(_bw(RTX, n) / _bw(A30, m), rel=1e-9)
+        assert r["relative_difference"] == pytest.approx(r["share"] / 0.54 - 1)
+        assert r["within_25pct"] == (abs(r["share"] / 0.54 - 1) <= 0.25)
+        s = r["latency_message_bytes"]
+        t_rtx = (n - 1) * RTX.a2a_latency_s + s / _bw(RTX, n)
+        t_a30 = (m - 1) * A30.a2a_latency_s + s / _bw(A30, m)
+        assert r["share_with_latency"] == pytest.approx(t_a30 / t_rtx, rel=1e-9)
+    # 8 ranks without p2p: the host memory system, not the link, bounds the 3090 (150 GB/s / 16 < 12 GB/s)
+    assert out[2]["rtx3090_binding"].startswith("host_mem_bw") and out[1]["rtx3090_binding"].startswith("a2a_bw")
+
+
+# ---------------------------------------------------------------------------- b(ii). HugeCTR-style loss
+def test_hugectr_loss_recomputed_with_the_cost_model(points):
+    assert len(points) == 3 * 2 * 8
+    assert sorted({p["batch_per_gpu"] for p in points}) == [32, 64, 128, 256, 512, 1024, 2048, 4096]
+    m_rtx, m_a30 = CostModel(RTX), CostModel(A30)
+    for p in points[::5]:
+        w = _workload(p, presample_steps=0)
+        r, a = m_rtx.predict(w, Plan("table_wise")), m_a30.predict(w, Plan("table_wise"))
+        assert p["loss"] == pytest.approx(1 - r.samples_per_second / a.samples_per_second, rel=1e-12, abs=1e-15)
+        no_fw = [sum(v for k, v in c.terms.items() if k != "framework") for c in (r, a)]
+        assert p["loss_without_framework"] == pytest.approx(1 - no_fw[1] / no_fw[0], rel=1e-9, abs=1e-12)
+        a2a = [c.terms["input_all_to_all"] + c.terms["output_all_to_all"] for c in (r, a)]
+        assert p["loss_all_to_all_only"] == pytest.approx(1 - a2a[1] / a2a[0], rel=1e-9, abs=1e-12)
+        assert p["fits"] == (r.fits and a.fits)
+    assert {(p["config"], p["gpus"]) for p in points if not p["fits"]} == {("criteo-tb", 2), ("criteo-tb", 4)}
+
+
+def test_hugectr_summary_takes_the_largest_loss_of_the_points_that_fit(points):
+    s = ps.hugectr_summary(points)
+    fitting = [p for p in points if p["fits"]]
+    assert s["overall"]["model"] == max(p["loss"] for p in fitting)
+    assert s["overall"]["within_25pct"] == (abs(s["overall"]["model"] / 0.37 - 1) <= 0.25)
+    for row in s["by_config"]:
+        mine = [p["loss"] for p in points if (p["config"], p["gpus"]) == (row["config"], row["gpus"])]
+        assert row["max_loss"] == max(mine) and len(row["loss_by_batch"]) == 8
+
+
+# ---------------------------------------------------------------------------- the script and its outputs
+def test_main_writes_json_markdown_and_plot(tmp_path, capsys):
+    js, png = tmp_path / "p.json", tmp_path / "p.png"
+    assert ps.main(["--configs", "avazu", "--gpus", "2", "--batches", "128", "--cache-ratios", "0.05",
+                    "--json", str(js), "--plot", str(png)]) == 0  # fmt: skip
+    doc = json.loads(js.read_text())
+    assert doc["prediction"] is True and len(doc["comparison"]) == 1 and png.stat().st_size > 10_000
+    out = capsys.readouterr().out
+    assert "PREDICTED" in out and "| avazu | 2 | 128 | 0.05 |" in out and "Figure 3" in out
+
+
+def test_the_committed_results_and_doc_agree():
+    doc = json.loads((ROOT / "benchmarks" / "results" / "paper_setting.json").read_text())
+    text = (ROOT / "docs" / "paper_setting.md").read_text()
+    assert doc["prediction"] is True and len(doc["comparison"]) == 54
+    for r in doc["comparison"]:
+        if r["stock"] is not None:
+            assert r["ratio"] == pytest.approx(r["frugal_samples_per_second"] / r["stock_samples_per_second"])
+    a2a = doc["a2a_bandwidth"]
+    head = next(r for r in a2a["rows"] if [r["rtx3090_gpus"], r["a30_gpus"]] == a2a["headline_pair"])
+    assert f"{100 * head['share']:.1f}%" in text
+    assert f"| {100 * doc['hugectr_loss']['overall']['model']:.1f}% | 37% |" in text
+    r = doc["comparison"][-1]
+    cells = [r["config"], r["gpus"], r["batch_per_gpu"], f"{r['cache_ratio']:g}", r["lookahead"],
+             f"{r['frugal_samples_per_second']:,.0f}"]
+    assert "| " + " | ".join(map(str, cells)) + " |" in text

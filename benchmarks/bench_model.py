@@ -6,15 +6,31 @@ after its warm-up steps), predicts the same run with :mod:`torchrec_frugal.cost_
 ``--profile`` (frugal with train.py's cache ratio and lookahead, 50 pre-sampled batches per rank;
 ``threads`` per rank as the run gets them), and reports predicted / measured - 1 per point.
 
+The sharder ``planned`` is the planner's own choice: train.py with ``--sharder frugal --hardware
+PROFILE`` (FrugalShardingPlanner picks each table's sharding, the cache ratio and L by the model);
+its prediction is that plan's, and the report sets its measured samples/s against the best
+measured uniform plan of the same point (the planner's goal: never more than 5% slower).
+
     python benchmarks/bench_model.py --json benchmarks/results/model_cpu.json --markdown benchmarks/results/model_cpu.md
     python benchmarks/bench_model.py --configs avazu --batches 128 --ranks 1 --sharders table_wise --steps 60   # one point
 
 The default grid is the issue's: criteo-kaggle and avazu at their default scales, batch 128 and
-1024, 1, 2 and 4 ranks, frugal / table_wise / row_wise (36 runs, about 20 minutes on 2 cores).
+1024, 1, 2 and 4 ranks, frugal / table_wise / row_wise / planned (48 runs, about 25 minutes on 2
+cores). The sharders of one point run one after the other, ``--repeats`` times in turn
+(samples/s: the median).
+
+The second stage of a calibration: ``--fit-profile OUT`` runs the real training loop on a few
+points of its own (table_wise, criteo-kaggle, batch 256 and 2048, 1, 2 and 4 ranks; none of them
+a validation point) and fits the framework terms of ``--profile`` to them
+(:func:`torchrec_frugal.calibrate.fit_training`), writing the profile to OUT:
+
+    python -m torchrec_frugal.estimate --calibrate my_box.json                      # stage 1: microbenchmarks
+    python benchmarks/bench_model.py --fit-profile my_box.json --profile my_box.json  # stage 2: the training loop
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -24,38 +40,101 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from tqdm import tqdm
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the package and examples of this checkout
 
+from torchrec_frugal.calibrate import TrainingRun, fit_training  # noqa: E402
 from torchrec_frugal.cost_model import CostModel, Plan  # noqa: E402
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
-from torchrec_frugal.profiles import load_profile  # noqa: E402
+from torchrec_frugal.profiles import HardwareProfile, load_profile  # noqa: E402
 
 from examples.demo import TrainRunError, run_train  # noqa: E402
 
-SHARDERS = ("frugal", "table_wise", "row_wise")
+UNIFORM = ("frugal", "table_wise", "row_wise")
+SHARDERS = (*UNIFORM, "planned")
 CACHE_RATIO, LOOKAHEAD = 0.05, 10  # train.py's defaults
+PLANNER_SLACK = 0.05  # the planner's goal: its plan measures at most 5% below the best uniform plan
+FIT_CONFIG, FIT_BATCHES, FIT_RANKS, FIT_SHARDER = "criteo-kaggle", (256, 2048), (1, 2, 4), "table_wise"
 
 
 def default_steps(batch: int) -> int:
     """About 10-20 s of training per run on 2 cores (as bench_dlrm's runs)."""
-    return 200 if batch >= 1024 else 600
+    return 100 if batch >= 2048 else 200 if batch >= 1024 else 600
 
 
-def train_args(config: str, batch: int, sharder: str, steps: int, scale: Optional[float]) -> List[str]:
+def train_args(config: str, batch: int, sharder: str, steps: int, scale: Optional[float], hardware: str) -> List[str]:
     args = ["--config", config, "--batch-size", str(batch), "--steps", str(steps), "--log-every", "0"]
     if scale is not None:
         args += ["--scale", f"{scale:g}"]
     if sharder == "frugal":
         return args + ["--sharder", "frugal", "--cache-ratio", f"{CACHE_RATIO:g}", "--lookahead", str(LOOKAHEAD)]
+    if sharder == "planned":
+        return args + ["--sharder", "frugal", "--hardware", hardware]
     return args + ["--sharder", "torchrec", "--sharding", sharder]
 
 
-def predict(profile: Any, config: str, batch: int, ranks: int, sharder: str, threads: int, scale: Optional[float]) -> Dict[str, Any]:
-    w = dlrm_workload(config, ranks, batch, scale, presample_steps=PRESAMPLE_STEPS, threads_per_rank=threads)
-    c = CostModel(profile).predict(w, Plan(sharder, cache_ratio=CACHE_RATIO, lookahead=LOOKAHEAD))
+def run_plan(sharder: str, measured_plan: Optional[Dict[str, Any]]) -> Plan:
+    """The plan a run trained: a uniform one, or (planned) the per-table choice its summary recorded."""
+    if sharder != "planned":
+        return Plan(sharder, cache_ratio=CACHE_RATIO, lookahead=LOOKAHEAD)
+    if not measured_plan:
+        raise ValueError("a planned run needs the plan its summary recorded")
+    return Plan.of(measured_plan["shardings"], measured_plan["cache_ratio"] or CACHE_RATIO, measured_plan["lookahead"])
+
+
+def workload(config: str, batch: int, ranks: int, threads: int, scale: Optional[float]) -> Any:
+    return dlrm_workload(config, ranks, batch, scale, presample_steps=PRESAMPLE_STEPS, threads_per_rank=threads)
+
+
+def predict(profile: HardwareProfile, config: str, batch: int, ranks: int, plan: Plan, threads: int,
+            scale: Optional[float]) -> Dict[str, Any]:  # fmt: skip
+    c = CostModel(profile).predict(workload(config, batch, ranks, threads, scale), plan)
     return {"samples_per_second": c.samples_per_second, "terms_ms": {k: 1e3 * v for k, v in c.terms.items() if v},
             "details": c.details}  # fmt: skip
+
+
+def plan_label(plan: Optional[Dict[str, Any]]) -> str:
+    """``frugal x22, L=0, c=0.01`` for a planned run's recorded plan."""
+    if not plan:
+        return "-"
+    counts: Dict[str, int] = {}
+    for s in plan["shardings"].values():
+        counts[s] = counts.get(s, 0) + 1
+    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return kinds + (f"; c={plan['cache_ratio']:g}, L={plan['lookahead']}" if "frugal" in counts else "")
+
+
+def planner_rows(points: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per point with a planned run: its measured samples/s against the best measured uniform plan."""
+    rows = []
+    key = lambda p: (p["config"], p["batch"], p["ranks"])  # noqa: E731
+    for k in dict.fromkeys(key(p) for p in points):
+        group = {p["sharder"]: p for p in points if key(p) == k and p.get("measured")}
+        uniform = {s: group[s]["measured"]["samples_per_second"] for s in UNIFORM if s in group}
+        if "planned" not in group or not uniform:
+            continue
+        best = max(uniform, key=uniform.__getitem__)
+        planned = group["planned"]["measured"]["samples_per_second"]
+        rows.append({"config": k[0], "batch": k[1], "ranks": k[2], "plan": group["planned"]["measured"].get("plan"),
+                     "planned": planned, "best_uniform": best, "best_uniform_sps": uniform[best],
+                     "ratio": planned / uniform[best], "ok": planned >= (1 - PLANNER_SLACK) * uniform[best]})  # fmt: skip
+    return rows
+
+
+def planner_markdown(rows: Sequence[Dict[str, Any]]) -> str:
+    lines = ["The planner's plan (train.py `--hardware`) against the best uniform plan, both measured in the same run "
+             f"of this harness; goal: planned >= {1 - PLANNER_SLACK:.0%} of the best uniform.\n",
+             "| config | batch/rank | ranks | planned plan | planned | best uniform | its samples/s | planned / best |",
+             "|---|---:|---:|---|---:|---|---:|---:|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['batch']} | {r['ranks']} | {plan_label(r['plan'])} | {r['planned']:,.0f} | "
+                     f"{r['best_uniform']} | {r['best_uniform_sps']:,.0f} | {r['ratio']:.3f}{'' if r['ok'] else ' (miss)'} |")  # fmt: skip
+    if rows:
+        lines.append(f"\n{sum(r['ok'] for r in rows)} of {len(rows)} points within {PLANNER_SLACK:.0%} of the best "
+                     f"uniform plan; median planned / best {statistics.median(r['ratio'] for r in rows):.3f}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def markdown(points: Sequence[Dict[str, Any]], profile: str) -> str:
@@ -85,23 +164,80 @@ def markdown(points: Sequence[Dict[str, Any]], profile: str) -> str:
     return "\n".join(lines)
 
 
-def repredict(args: argparse.Namespace, profile: Any) -> int:
+def measure_point(train_py: Path, config: str, batch: int, ranks: int, sharder: str, threads: int, steps: int,
+                  args: argparse.Namespace) -> Dict[str, Any]:  # fmt: skip
+    """One run of train.py: its samples/s and what the report needs of its summary."""
+    s = run_train(train_py, train_args(config, batch, sharder, steps, args.scale, args.profile), nproc=ranks,
+                  threads=threads, timeout_s=args.timeout)  # fmt: skip
+    return {"samples_per_second": s["samples_per_second"], "foreign_cpu_share": s.get("foreign_cpu_share"),
+            "cache_hit_ratio": (s.get("frugal") or {}).get("cache_hit_ratio"), "wall_s": s["wall_s"],
+            "plan": s.get("plan") if sharder == "planned" else None}  # fmt: skip
+
+
+def median_run(runs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The run of median samples/s (the lower middle one of an even count), with every run's figure."""
+    order = sorted(runs, key=lambda r: r["samples_per_second"])
+    return dict(order[(len(order) - 1) // 2], runs_samples_per_second=[r["samples_per_second"] for r in runs])
+
+
+def with_prediction(p: Dict[str, Any], profile: HardwareProfile, scale: Optional[float]) -> Dict[str, Any]:
+    """``p`` with the prediction of the plan it ran, and the error when it was measured."""
+    m = p.get("measured")
+    if p["sharder"] == "planned" and not m:
+        return p  # the plan is known once the run made it
+    plan = run_plan(p["sharder"], m.get("plan") if m else None)
+    q = dict(p, predicted=predict(profile, p["config"], p["batch"], p["ranks"], plan, p["threads"], scale))
+    if m:
+        q["error"] = q["predicted"]["samples_per_second"] / m["samples_per_second"] - 1.0
+    return q
+
+
+def repredict(args: argparse.Namespace, profile: HardwareProfile) -> int:
     """The points an earlier run measured, predicted again with ``profile`` (a profile compared
     on the same measurements, without running them again)."""
     earlier = json.loads(args.repredict.read_text())
-    points = []
-    for p in earlier["points"]:
-        q = dict(p, predicted=predict(profile, p["config"], p["batch"], p["ranks"], p["sharder"], p["threads"], args.scale))
-        if p.get("measured"):
-            q["error"] = q["predicted"]["samples_per_second"] / p["measured"]["samples_per_second"] - 1.0
-        points.append(q)
-    table = markdown(points, profile.name)
-    print(table)
+    points = [with_prediction({k: v for k, v in p.items() if k not in ("predicted", "error")}, profile, args.scale)
+              for p in earlier["points"]]  # fmt: skip
+    write_report(args, profile, points, {"measured_in": str(args.repredict)})
+    return 0
+
+
+def write_report(args: argparse.Namespace, profile: HardwareProfile, points: List[Dict[str, Any]],
+                 extra: Dict[str, Any]) -> None:  # fmt: skip
+    table = markdown([p for p in points if "predicted" in p], profile.name)
+    rows = planner_rows(points)
+    text = table + ("\n\n" + planner_markdown(rows) if rows else "")
+    print("\n" + text)
     if args.json:
-        args.json.write_text(json.dumps({"profile": profile.to_json(), "measured_in": str(args.repredict), "points": points,
-                                         "table_markdown": table}, indent=1) + "\n")  # fmt: skip
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"profile": profile.to_json(), **extra, "points": points, "planner": rows,
+                                         "table_markdown": text}, indent=1) + "\n")  # fmt: skip
     if args.markdown:
-        args.markdown.write_text(table + "\n")
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text + "\n")
+
+
+def fit_profile_stage(args: argparse.Namespace, profile: HardwareProfile, train_py: Path, cores: int) -> int:
+    """Stage 2 of a calibration: run the fit points, fit the framework terms, write the profile."""
+    runs, measured = [], []
+    for batch, ranks in tqdm(list(itertools.product(FIT_BATCHES, FIT_RANKS)), desc="training-loop calibration"):
+        threads = max(1, cores // ranks)
+        m = measure_point(train_py, FIT_CONFIG, batch, ranks, FIT_SHARDER, threads, args.steps or default_steps(batch), args)
+        runs.append(TrainingRun(workload(FIT_CONFIG, batch, ranks, threads, args.scale), Plan(FIT_SHARDER),
+                                m["samples_per_second"]))  # fmt: skip
+        measured.append({"config": FIT_CONFIG, "batch": batch, "ranks": ranks, "sharder": FIT_SHARDER, "threads": threads,
+                         "measured": m})  # fmt: skip
+    fitted, report = fit_training(runs, profile)
+    out = dataclasses.replace(
+        fitted,
+        name=args.fit_profile.stem,
+        notes=(profile.notes + "; " if profile.notes else "") + "framework terms and dense thread efficiency fitted to "
+        f"{len(runs)} runs of examples/dlrm/train.py (benchmarks/bench_model.py --fit-profile)",
+        extra={**profile.extra, "training_fit": {**report, "points": measured}},
+    )
+    out.save(args.fit_profile)
+    print(json.dumps(report["fitted"], indent=1))
+    print(f"rms relative error of the fit: {100 * report['rms_relative_error']:.1f}%; wrote {args.fit_profile}")
     return 0
 
 
@@ -111,16 +247,23 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batches", nargs="+", type=int, default=[128, 1024])
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--sharders", nargs="+", choices=SHARDERS, default=list(SHARDERS))
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each point, in turn with the point's other sharders")
     ap.add_argument("--scale", type=float, default=None, help="row-count scale (default: each config's)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per rank (default: 200 at batch >= 1024, else 600)")
-    ap.add_argument("--profile", default="cpu", help="hardware profile of the prediction")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per rank (default: 100 at batch >= 2048, 200 at >= 1024, else 600)")
+    ap.add_argument("--profile", default="cpu", help="hardware profile of the prediction (and of the planned runs)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--dry-run", action="store_true", help="print the predictions and the runs, run nothing")
     ap.add_argument("--repredict", type=Path, metavar="JSON",
                     help="run nothing: predict the measured points of an earlier --json with --profile")
-    return ap.parse_args(argv)
+    ap.add_argument("--fit-profile", type=Path, metavar="OUT",
+                    help="calibration stage 2: fit --profile's framework terms to runs of the training loop, write OUT")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -130,40 +273,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return repredict(args, profile)
     train_py = ROOT / "examples" / "dlrm" / "train.py"
     cores = os.cpu_count() or 1
+    if args.fit_profile:
+        return fit_profile_stage(args, profile, train_py, cores)
     points: List[Dict[str, Any]] = []
     t0 = time.perf_counter()
-    for config, batch, ranks, sharder in itertools.product(args.configs, args.batches, args.ranks, args.sharders):
-        threads = max(1, cores // ranks)
-        steps = args.steps or default_steps(batch)
-        p: Dict[str, Any] = {"config": config, "batch": batch, "ranks": ranks, "sharder": sharder, "threads": threads,
-                             "steps": steps, "predicted": predict(profile, config, batch, ranks, sharder, threads, args.scale)}  # fmt: skip
-        cmd = train_args(config, batch, sharder, steps, args.scale)
-        if args.dry_run:
-            print(f"{config} b{batch} x{ranks} {sharder}: predicted {p['predicted']['samples_per_second']:,.0f} samples/s; "
-                  f"torchrun --nproc_per_node={ranks} examples/dlrm/train.py {' '.join(cmd)} --threads {threads}")  # fmt: skip
-            continue
-        try:
-            s = run_train(train_py, cmd, nproc=ranks, threads=threads, timeout_s=args.timeout)
-            p["measured"] = {"samples_per_second": s["samples_per_second"], "foreign_cpu_share": s.get("foreign_cpu_share"),
-                             "cache_hit_ratio": (s.get("frugal") or {}).get("cache_hit_ratio"), "wall_s": s["wall_s"]}  # fmt: skip
-            p["error"] = p["predicted"]["samples_per_second"] / s["samples_per_second"] - 1.0
-            print(f"{config} b{batch} x{ranks} {sharder}: measured {s['samples_per_second']:,.0f}, predicted "
-                  f"{p['predicted']['samples_per_second']:,.0f} ({100 * p['error']:+.1f}%)", flush=True)  # fmt: skip
-        except TrainRunError as e:
-            p["failure"] = str(e)[-2000:]
-            print(f"{config} b{batch} x{ranks} {sharder}: FAILED {str(e)[-500:]}", flush=True)
-        points.append(p)
+    groups = list(itertools.product(args.configs, args.batches, args.ranks))
+    bar = tqdm(total=len(groups) * len(args.sharders) * args.repeats, desc="bench_model runs", disable=args.dry_run)
+    for config, batch, ranks in groups:
+        threads, steps = max(1, cores // ranks), args.steps or default_steps(batch)
+        runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in args.sharders}
+        failures: Dict[str, str] = {}
+        for _ in range(1 if args.dry_run else args.repeats):
+            for sharder in args.sharders:
+                cmd = train_args(config, batch, sharder, steps, args.scale, args.profile)
+                if args.dry_run:
+                    print(f"{config} b{batch} x{ranks} {sharder}: torchrun --nproc_per_node={ranks} examples/dlrm/train.py "
+                          f"{' '.join(cmd)} --threads {threads}")  # fmt: skip
+                    continue
+                try:
+                    runs[sharder].append(measure_point(train_py, config, batch, ranks, sharder, threads, steps, args))
+                except TrainRunError as e:
+                    failures[sharder] = str(e)[-2000:]
+                    print(f"{config} b{batch} x{ranks} {sharder}: FAILED {str(e)[-500:]}", flush=True)
+                bar.update()
+        for sharder in args.sharders:
+            p: Dict[str, Any] = {"config": config, "batch": batch, "ranks": ranks, "sharder": sharder, "threads": threads,
+                                 "steps": steps}  # fmt: skip
+            if runs[sharder]:
+                p["measured"] = median_run(runs[sharder])
+            if sharder in failures:
+                p["failure"] = failures[sharder]
+            p = with_prediction(p, profile, args.scale)
+            if "error" in p:
+                bar.write(f"{config} b{batch} x{ranks} {sharder}: measured {p['measured']['samples_per_second']:,.0f}, "
+                          f"predicted {p['predicted']['samples_per_second']:,.0f} ({100 * p['error']:+.1f}%)")  # fmt: skip
+            points.append(p)
+    bar.close()
     if args.dry_run:
         return 0
-    table = markdown(points, profile.name)
-    print("\n" + table)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"profile": profile.to_json(), "cpus": cores, "wall_s": time.perf_counter() - t0,
-                                         "points": points, "table_markdown": table}, indent=1) + "\n")  # fmt: skip
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(table + "\n")
+    write_report(args, profile, points, {"cpus": cores, "wall_s": time.perf_counter() - t0, "repeats": args.repeats})
     return 1 if any("failure" in p for p in points) else 0
 
 

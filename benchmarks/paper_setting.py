@@ -21,11 +21,17 @@ a. Frugal against TorchRec's best stock sharding (the fastest of table_wise, row
 b. Figure 3: (i) the effective all-to-all bandwidth of the model's ``Primitives`` on the 3090 box
    against the A30 box (paper: 54%); (ii) the throughput a HugeCTR-style system (TorchRec
    table_wise: table-wise model parallelism with all-to-alls) loses on 3090 against A30 at equal
-   GPU counts over the paper's batch sweep 32-4096 (paper: up to 37%).
+   GPU counts over the paper's batch sweep 32-4096 (paper: up to 37%). Two variants of (ii):
+   "TorchRec as profiled" (the shipped profiles unchanged) and "HugeCTR-style", which changes only
+   what distinguishes HugeCTR's training from TorchRec's on these profiles: no Python training loop
+   (the framework terms are zero, an assumption) and dense layers on the tensor cores (25% of each
+   card's dense TF32 tensor-core peak instead of 25% of its FP32 peak). The variant profiles are
+   built here with ``dataclasses.replace``; the profile files are not changed.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -71,6 +77,20 @@ A2A_TERMS = ("input_all_to_all", "output_all_to_all")
 PROBE_BYTES = 64 * 2**20  # message size at which the all-to-all's bandwidth term is read off
 MESSAGE_BYTES = 2**20  # bytes per rank of the latency-included share (table_wise's output all-to-all of
 # criteo-kaggle sends 0.3 MiB per rank at batch 128 on 4 GPUs, 2.4 MiB at batch 1024)
+
+# b(ii), HugeCTR-style variant (docs/paper_setting.md). HugeCTR trains from a C++ loop (the Python API
+# only drives it) and runs its dense layers through cuBLAS with TF32 or mixed precision on Ampere (the
+# solver's enable_tf32_compute / use_mixed_precision options; NVIDIA-Merlin/HugeCTR).
+HUGECTR_STYLE = "HugeCTR-style"
+AS_PROFILED = "TorchRec as profiled"
+FRAMEWORK_FIELDS = ("framework_step_s", "framework_id_s", "framework_dist_step_s")  # zero: no Python loop (assumption)
+TF32_TENSOR_PEAK = {  # dense TF32 tensor-core peak, FLOP/s, without 2:4 sparsity (with it: twice that)
+    "rtx3090": 35.6e12,  # NVIDIA Ampere GA102 whitepaper, GeForce RTX 3090: 35.6 TFLOPS (71 with sparsity)
+    "a30": 82e12,  # NVIDIA A30 datasheet: 82 TFLOPS (165 with sparsity)
+}
+FP32_PEAK = {"rtx3090": 35.58e12, "a30": 10.32e12}  # the FP32 (non-tensor) peaks the shipped profiles take 25% of
+DENSE_EFFICIENCY = 0.25  # the share of peak the shipped profiles assume for small MLPs (docs/cost_model.md)
+SENSITIVITY_EFFICIENCIES = (0.125, 0.25, 0.5, 1.0)  # diagnostic: the variant with another share of the TF32 peak
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -250,6 +270,110 @@ def hugectr_summary(points: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return {"by_config": rows, "overall": overall}
 
 
+# ---------------------------------------------------------------------------- b(ii), HugeCTR-style variant
+def has_tf32_peak(hw: HardwareProfile) -> bool:
+    return hw.name in TF32_TENSOR_PEAK
+
+
+def hugectr_style(
+    hw: HardwareProfile, c_loop: bool = True, tensor_cores: bool = True, efficiency: float = DENSE_EFFICIENCY
+) -> HardwareProfile:
+    """``hw`` as a HugeCTR-style system sees it: with ``c_loop`` the framework terms are zero (a C++
+    training loop: no Python step, per-id or distributed-loop overhead; an assumption); with
+    ``tensor_cores`` the dense layers run at ``efficiency`` of the card's dense TF32 tensor-core peak
+    (``TF32_TENSOR_PEAK``) instead of the profile's share of its FP32 peak. Nothing else changes."""
+    changes: Dict[str, float] = {}
+    if c_loop:
+        changes.update({f: 0.0 for f in FRAMEWORK_FIELDS})
+    if tensor_cores:
+        changes["dense_flops_per_s"] = efficiency * TF32_TENSOR_PEAK[hw.name]
+    return dataclasses.replace(hw, **changes)
+
+
+def changed_fields(before: HardwareProfile, after: HardwareProfile) -> Dict[str, List[float]]:
+    """{field: [before, after]} of the fields ``hugectr_style`` may change."""
+    names = (*FRAMEWORK_FIELDS, "dense_flops_per_s")
+    return {f: [getattr(before, f), getattr(after, f)] for f in names}
+
+
+def overall_row(name: str, summary: Dict[str, Any]) -> Dict[str, Any]:
+    """The headline of one variant: the largest loss that fits, where, against the paper's 37%."""
+    o = summary["overall"]
+    p = o["point"]
+    return {"variant": name, "model": o["model"], "relative_difference": o.get("relative_difference"),
+            "within_25pct": o.get("within_25pct"),
+            "config": p["config"] if p else None, "gpus": p["gpus"] if p else None,
+            "batch_per_gpu": p["batch_per_gpu"] if p else None}  # fmt: skip
+
+
+def gap_breakdown(p: Dict[str, Any]) -> Dict[str, Any]:
+    """At one point: the two step times, each term's share of the 3090's extra time, and the loss over
+    the step without ``dense_compute``."""
+    r, a = p["rtx3090_terms_ms"], p["a30_terms_ms"]
+    step_r, step_a = sum(r.values()), sum(a.values())
+    gap = step_r - step_a
+    by_term = {t: r.get(t, 0.0) - a.get(t, 0.0) for t in TERMS if r.get(t, 0.0) or a.get(t, 0.0)}
+    rest = [sum(v for t, v in x.items() if t != "dense_compute") for x in (r, a)]
+    return {"rtx3090_step_ms": step_r, "a30_step_ms": step_a, "gap_ms": gap, "gap_by_term_ms": by_term,
+            "all_to_all_gap_ms": sum(by_term.get(t, 0.0) for t in A2A_TERMS),
+            "loss_without_dense_compute": float(share_loss(rest[0], rest[1]))}  # fmt: skip
+
+
+def hugectr_style_check(
+    rtx: HardwareProfile,
+    a30: HardwareProfile,
+    configs: Sequence[str] = CONFIGS,
+    model: str = MODEL,
+    as_profiled: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    """Figure 3 (ii) with the HugeCTR-style profiles: every point and the largest loss as in
+    ``hugectr_points`` / ``hugectr_summary``; the two changes one at a time (``ablation``); and the
+    largest loss with other shares of the TF32 peak (``sensitivity``, a diagnostic, not the figure).
+    ``as_profiled``: the summary of the unchanged profiles, if already computed."""
+    v_rtx, v_a30 = hugectr_style(rtx), hugectr_style(a30)
+    points = hugectr_points(v_rtx, v_a30, configs, model=model)
+    summary = hugectr_summary(points)
+
+    def largest(c_loop: bool, tensor_cores: bool, efficiency: float = DENSE_EFFICIENCY) -> Dict[str, Any]:
+        pr = hugectr_style(rtx, c_loop, tensor_cores, efficiency)
+        pa = hugectr_style(a30, c_loop, tensor_cores, efficiency)
+        return hugectr_summary(hugectr_points(pr, pa, configs, model=model))
+
+    ablation = [
+        {**overall_row(AS_PROFILED, as_profiled or largest(False, False)), "c_loop": False, "tensor_cores": False},
+        {**overall_row("framework terms zero only", largest(True, False)), "c_loop": True, "tensor_cores": False},
+        {**overall_row("TF32 tensor-core dense only", largest(False, True)), "c_loop": False, "tensor_cores": True},
+        {**overall_row(HUGECTR_STYLE, summary), "c_loop": True, "tensor_cores": True},
+    ]
+    sensitivity = []
+    for eff in SENSITIVITY_EFFICIENCIES:
+        s = summary if eff == DENSE_EFFICIENCY else largest(True, True, eff)
+        sensitivity.append({**overall_row(HUGECTR_STYLE, s), "efficiency": eff,
+                            "rtx3090_dense_flops_per_s": eff * TF32_TENSOR_PEAK[rtx.name],
+                            "a30_dense_flops_per_s": eff * TF32_TENSOR_PEAK[a30.name]})  # fmt: skip
+    top = summary["overall"]["point"]
+    return {
+        "variant": HUGECTR_STYLE, "system": HUGECTR, "batches": list(SWEEP_BATCHES),
+        "dense_efficiency": DENSE_EFFICIENCY,
+        "tf32_tensor_peak_flops_per_s": {rtx.name: TF32_TENSOR_PEAK[rtx.name], a30.name: TF32_TENSOR_PEAK[a30.name]},
+        "changes": {rtx.name: changed_fields(rtx, v_rtx), a30.name: changed_fields(a30, v_a30)},
+        "assumptions": [
+            "framework_step_s = framework_id_s = framework_dist_step_s = 0: HugeCTR trains from a C++ loop "
+            "(no Python per-step, per-id or distributed-loop work); an assumption, not a measurement",
+            f"dense_flops_per_s = {DENSE_EFFICIENCY:g} x the dense TF32 tensor-core peak (the profiles' share "
+            "of peak, applied to the tensor-core peak HugeCTR's TF32 / mixed-precision GEMMs use)",
+        ],
+        "sources": {
+            "rtx3090": "NVIDIA Ampere GA102 GPU architecture whitepaper, GeForce RTX 3090: peak TF32 tensor "
+                       "35.6 TFLOPS dense (71 with sparsity)",
+            "a30": "NVIDIA A30 Tensor Core GPU datasheet: TF32 tensor core 82 TFLOPS dense (165 with sparsity)",
+        },
+        "points": points, **summary,
+        "breakdown": gap_breakdown(top) if top else None,
+        "ablation": ablation, "sensitivity": sensitivity,
+    }  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- report
 def md_row(cells: Sequence[object]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -305,7 +429,8 @@ def a2a_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def hugectr_markdown(summary: Dict[str, Any], rtx: HardwareProfile, a30: HardwareProfile) -> str:
+def loss_table(summary: Dict[str, Any]) -> List[str]:
+    """The per-(config, GPUs) loss over the batch sweep, as markdown lines."""
     batches = sorted({b for r in summary["by_config"] for b in r["loss_by_batch"]})
     lines = [
         md_row(["config", "GPUs (each box)", *(f"loss @{b}" for b in batches), "largest loss (batch)",
@@ -320,12 +445,21 @@ def hugectr_markdown(summary: Dict[str, Any], rtx: HardwareProfile, a30: Hardwar
         cells = [f"{100 * r['loss_by_batch'][b]:+.1f}%" for b in batches]
         lines.append(md_row([r["config"], r["gpus"], *cells, f"{100 * r['max_loss']:+.1f}% ({r['at_batch']})",
                              gaps_text(r["point"]["gaps_ms"])]))  # fmt: skip
+    return lines
+
+
+def where_text(p: Dict[str, Any]) -> str:
+    return f"{p['config']}, {p['gpus']} GPUs, batch {p['batch_per_gpu']}"
+
+
+def hugectr_markdown(summary: Dict[str, Any], rtx: HardwareProfile, a30: HardwareProfile) -> str:
+    lines = loss_table(summary)
     o = summary["overall"]
     p = o["point"]
     if p is None:
         return "\n".join(lines) + "\n\nNo point fits in device memory."
     fw_share = p["rtx3090_terms_ms"].get("framework", 0.0) / sum(p["rtx3090_terms_ms"].values())
-    where = f"{p['config']}, {p['gpus']} GPUs, batch {p['batch_per_gpu']}"
+    where = where_text(p)
     lines += [
         "",
         "| figure | model | paper | model / paper - 1 | within 25% |",
@@ -344,12 +478,95 @@ def hugectr_markdown(summary: Dict[str, Any], rtx: HardwareProfile, a30: Hardwar
     return "\n".join(lines)
 
 
+def tflops(x: float) -> str:
+    return f"{x / 1e12:.2f}"
+
+
+def hugectr_style_markdown(check: Dict[str, Any], as_profiled: Dict[str, Any], rtx: HardwareProfile,
+                           a30: HardwareProfile) -> str:
+    """The HugeCTR-style variant of (ii): what changes, its loss table, and both variants side by side."""
+    ch = check["changes"]
+    eff = check["dense_efficiency"]
+    peak = check["tf32_tensor_peak_flops_per_s"]
+    lines = [
+        md_row(["field", "3090: as profiled", "3090: HugeCTR-style", "A30: as profiled", "A30: HugeCTR-style",
+                "why"]),
+        "|---|---:|---:|---:|---:|---|",
+    ]  # fmt: skip
+    for f in FRAMEWORK_FIELDS:
+        unit, k = ("ms", 1e3) if f.endswith("step_s") else ("ns", 1e9)
+        lines.append(md_row([f"`{f}`", *(f"{k * v:g} {unit}" for v in (*ch[rtx.name][f], *ch[a30.name][f])),
+                             "C++ training loop (assumption)"]))  # fmt: skip
+    d_r, d_a = ch[rtx.name]["dense_flops_per_s"], ch[a30.name]["dense_flops_per_s"]
+    lines.append(md_row(["`dense_flops_per_s` (TFLOP/s)", tflops(d_r[0]), tflops(d_r[1]), tflops(d_a[0]),
+                         tflops(d_a[1]),
+                         f"{eff:.0%} of the dense TF32 tensor-core peak ({peak[rtx.name] / 1e12:g} and "
+                         f"{peak[a30.name] / 1e12:g} TFLOPS) instead of {eff:.0%} of the FP32 peak"]))  # fmt: skip
+    lines += ["", *loss_table(check)]
+    rows = [overall_row(AS_PROFILED, as_profiled), overall_row(HUGECTR_STYLE, check)]
+    lines += [
+        "",
+        "| variant | figure | model | paper | model / paper - 1 | within 25% |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if r["model"] is None:
+            lines.append(md_row([r["variant"], "no point fits", "-", "37%", "-", "-"]))
+            continue
+        lines.append(md_row([r["variant"], f"largest throughput loss, 3090 against A30 ({where_text(r)})",
+                             f"{100 * r['model']:.1f}%", f"{100 * PAPER_MAX_LOSS:.0f}%",
+                             f"{100 * r['relative_difference']:+.1f}%", yes(r["within_25pct"])]))  # fmt: skip
+    b, p = check["breakdown"], check["overall"]["point"]
+    if b is not None:
+        top = sorted(b["gap_by_term_ms"].items(), key=lambda kv: -abs(kv[1]))
+        parts = ", ".join(f"{t} {d:+.2f} ms ({100 * d / b['gap_ms']:.0f}%)" for t, d in top if abs(d) >= 0.005)
+        lines += [
+            "",
+            f"At the HugeCTR-style largest ({where_text(p)}): the 3090's step {b['rtx3090_step_ms']:.2f} ms, the "
+            f"A30's {b['a30_step_ms']:.2f} ms; of the {b['gap_ms']:.2f} ms difference: {parts}. Loss over the "
+            f"step without dense_compute {100 * b['loss_without_dense_compute']:.1f}%, over the all-to-all terms "
+            f"alone {100 * p['loss_all_to_all_only']:.1f}%.",
+        ]  # fmt: skip
+    lines += [
+        "",
+        "One change at a time (largest loss over the same sweep):",
+        "",
+        "| framework terms | dense rate | largest loss | at | model / paper - 1 | within 25% |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for r in check["ablation"]:
+        fw = "zero (C++ loop)" if r["c_loop"] else "as profiled"
+        dense = f"{eff:.0%} of TF32 tensor peak" if r["tensor_cores"] else f"{eff:.0%} of FP32 peak (as profiled)"
+        if r["model"] is None:
+            lines.append(md_row([fw, dense, "-", "no point fits", "-", "-"]))
+            continue
+        lines.append(md_row([fw, dense, f"{100 * r['model']:.1f}%", where_text(r),
+                             f"{100 * r['relative_difference']:+.1f}%", yes(r["within_25pct"])]))  # fmt: skip
+    lines += [
+        "",
+        "Diagnostic, not the model's figure: the HugeCTR-style largest loss with another share of the TF32 "
+        "tensor-core peak on both cards:",
+        "",
+        "| share of TF32 peak | 3090 / A30 TFLOP/s | largest loss | at | model / paper - 1 | within 25% |",
+        "|---:|---|---:|---|---:|---|",
+    ]
+    for r in check["sensitivity"]:
+        rate = f"{tflops(r['rtx3090_dense_flops_per_s'])} / {tflops(r['a30_dense_flops_per_s'])}"
+        if r["model"] is None:
+            lines.append(md_row([f"{r['efficiency']:.1%}", rate, "-", "no point fits", "-", "-"]))
+            continue
+        lines.append(md_row([f"{r['efficiency']:.1%}", rate, f"{100 * r['model']:.1f}%", where_text(r),
+                             f"{100 * r['relative_difference']:+.1f}%", yes(r["within_25pct"])]))  # fmt: skip
+    return "\n".join(lines)
+
+
 def largest_a2a_loss(points: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """The fitting point whose all-to-all terms alone lose the most on the 3090."""
     return max((p for p in points if p["fits"]), key=lambda p: p["loss_all_to_all_only"])
 
 
-def plot(path: Path, rows: Sequence[Dict[str, Any]], points: Sequence[Dict[str, Any]]) -> None:
+def plot(path: Path, rows: Sequence[Dict[str, Any]], points: Sequence[Dict[str, Any]],
+         variant_points: Optional[Sequence[Dict[str, Any]]] = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -386,19 +603,26 @@ def plot(path: Path, rows: Sequence[Dict[str, Any]], points: Sequence[Dict[str, 
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
     ax = axes[len(configs)]
-    for (config, n) in dict.fromkeys((p["config"], p["gpus"]) for p in points if p["fits"]):
+    for i, (config, n) in enumerate(dict.fromkeys((p["config"], p["gpus"]) for p in points if p["fits"])):
         sel = [p for p in points if p["config"] == config and p["gpus"] == n]
-        ax.plot([p["batch_per_gpu"] for p in sel], [100 * p["loss"] for p in sel], marker=".",
+        ax.plot([p["batch_per_gpu"] for p in sel], [100 * p["loss"] for p in sel], marker=".", color=f"C{i}",
                 label=f"{config}, {n} GPUs")  # fmt: skip
+        var = [p for p in variant_points or () if p["config"] == config and p["gpus"] == n and p["fits"]]
+        if var:
+            ax.plot([p["batch_per_gpu"] for p in var], [100 * p["loss"] for p in var], marker=".", color=f"C{i}",
+                    linestyle="--")  # fmt: skip
     ax.axhline(100 * PAPER_MAX_LOSS, color="black", linestyle=":", label="paper: up to 37%")
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(SWEEP_BATCHES), [str(b) for b in SWEEP_BATCHES])
     ax.set_xlabel("batch per GPU")
     ax.set_ylabel("predicted throughput loss, 3090 vs A30 (%)")
-    ax.set_title(f"Figure 3: {HUGECTR} on 3090 against A30", fontsize=9)
+    title = f"Figure 3: {HUGECTR} on 3090 against A30"
+    if variant_points:
+        title += f"\nsolid: {AS_PROFILED}; dashed: {HUGECTR_STYLE}"
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="lower left" if variant_points else "best")
     fig.suptitle("PREDICTED by the cost model (not measured)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -413,6 +637,8 @@ def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
     a2a = a2a_check(rtx, a30)
     points = hugectr_points(rtx, a30, args.configs, model=args.model)
     summary = hugectr_summary(points)
+    variant = (hugectr_style_check(rtx, a30, args.configs, args.model, as_profiled=summary)
+               if has_tf32_peak(rtx) and has_tf32_peak(a30) else None)  # fmt: skip
     head = next(r for r in a2a if (r["rtx3090_gpus"], r["a30_gpus"]) == HEADLINE_PAIR)
     doc = {
         "prediction": True,
@@ -423,6 +649,7 @@ def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
         "comparison": rows,
         "a2a_bandwidth": {"headline_pair": list(HEADLINE_PAIR), "rows": a2a},
         "hugectr_loss": {"system": HUGECTR, "batches": list(SWEEP_BATCHES), "points": points, **summary},
+        "hugectr_style_loss": variant,
     }  # fmt: skip
     a2a_top = largest_a2a_loss(points) if any(p["fits"] for p in points) else None
     md = [
@@ -456,6 +683,13 @@ def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
                f"{a2a_top['batch_per_gpu']}; {100 * rel:+.1f}% against the paper's 37%, "
                f"{'within' if ok else 'not within'} 25%); over the whole step there the 3090 is predicted "
                f"{'faster' if a2a_top['loss'] < 0 else 'slower'} ({100 * a2a_top['loss']:+.1f}% loss)."]  # fmt: skip
+    md += ["", f"### b(ii), second variant: {HUGECTR_STYLE} (a C++ loop, dense layers on the tensor cores)", ""]
+    if variant is None:
+        md.append(f"Not computed: no dense TF32 tensor-core peak is known here for `{rtx.name}` or `{a30.name}` "
+                  f"(known: {', '.join(sorted(TF32_TENSOR_PEAK))}).")  # fmt: skip
+    else:
+        md += ["Only the fields below differ from the shipped profiles (built with `dataclasses.replace`); "
+               "every other constant is as profiled.", "", hugectr_style_markdown(variant, summary, rtx, a30)]
     return doc, "\n".join(md)
 
 
@@ -487,7 +721,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {shown(args.json)}")
     if not args.no_plot:
-        plot(args.plot, doc["comparison"], doc["hugectr_loss"]["points"])
+        variant = doc["hugectr_style_loss"]
+        plot(args.plot, doc["comparison"], doc["hugectr_loss"]["points"], variant["points"] if variant else None)
         print(f"wrote {shown(args.plot)}")
     return 0
 

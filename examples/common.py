@@ -113,6 +113,10 @@ def add_frugal_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-deferred-rows", type=int, default=FrugalConfig.max_deferred_rows,
                    help="frugal: rows with no read in the window that may wait before the flushers drain them")  # fmt: skip
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
+    p.add_argument("--hardware", default=None,
+                   help="frugal: plan with the cost model on this hardware profile (a name such as cpu or rtx3090, or a "
+                        "JSON file): per table frugal or a stock sharding, and the cache ratio and lookahead, by least "
+                        "predicted step time (they replace --cache-ratio and --lookahead)")  # fmt: skip
 
 
 def frugal_config(args: argparse.Namespace) -> FrugalConfig:
@@ -140,12 +144,17 @@ def shard_plan(
     tables: Sequence[str],
     stock_sharder: Callable[[], nn.Module],
     frugal_sharder: Callable[[FrugalConfig], nn.Module],
+    batch_per_rank: Optional[int] = None,
 ) -> Tuple[nn.Module, ShardingPlan]:
     """(sharder, plan) of ``--sharder`` (collective: rank 0 plans, the others receive the plan).
 
     torchrec: ``stock_sharder()`` under TorchRec's planner, every table of ``tables`` on ``--sharding``.
     frugal: ``frugal_sharder(config)`` under FrugalShardingPlanner, which sizes the caches (at most
-    ``--cache-ratio`` per rank, less if device memory is short).
+    ``--cache-ratio`` per rank, less if device memory is short). With ``--hardware`` the planner
+    chooses each table's sharding, the cache ratio and L by the cost model; the chosen L (0 when no
+    table went frugal) is written back to ``args.lookahead`` so that the train pipeline runs the
+    window the engines use;
+    ``batch_per_rank`` is the batch the model prices.
     """
     pg = dist.GroupMember.WORLD
     world = dist.get_world_size(pg)
@@ -155,11 +164,22 @@ def shard_plan(
 
         config = frugal_config(args)
         sharder = frugal_sharder(config)
-        planner: Any = FrugalShardingPlanner(topology=topo, config=config)
-    else:
-        sharder = stock_sharder()
-        planner = EmbeddingShardingPlanner(topology=topo, constraints=stock_constraints(tables, args.sharding))
+        hardware = args.hardware
+        if hardware is not None and batch_per_rank is None:
+            raise ValueError("shard_plan: --hardware needs the batch per rank the cost model prices")
+        planner: Any = FrugalShardingPlanner(topology=topo, config=config, hardware=hardware, batch_size=batch_per_rank)
+        plan = planner.collective_plan(model, [sharder], pg)
+        if hardware is not None:  # the chosen L (none: the plan has no frugal table, nothing to read ahead for)
+            args.lookahead = planner.lookahead if planner.lookahead is not None else 0
+        return sharder, plan
+    sharder = stock_sharder()
+    planner = EmbeddingShardingPlanner(topology=topo, constraints=stock_constraints(tables, args.sharding))
     return sharder, planner.collective_plan(model, [sharder], pg)
+
+
+def plan_shardings(plan: ShardingPlan) -> Dict[str, str]:
+    """The sharding type of every table in ``plan`` (what a planner chose, for the run's summary)."""
+    return {name: ps.sharding_type for module_plan in plan.plan.values() for name, ps in module_plan.items()}  # type: ignore[attr-defined]
 
 
 def planned_cache_ratio(plan: ShardingPlan) -> Optional[float]:

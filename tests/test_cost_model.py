@@ -8,7 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from torchrec_frugal.calibrate import fit_collective, fit_dense, fit_line, fit_profile, thread_efficiency
+from torchrec_frugal.calibrate import (
+    TrainingRun,
+    fit_collective,
+    fit_dense,
+    fit_line,
+    fit_profile,
+    fit_training,
+    thread_efficiency,
+)
 from torchrec_frugal.cost_model import (
     SHARDINGS,
     TERMS,
@@ -315,3 +323,32 @@ def test_fit_profile_turns_synthetic_timings_into_a_profile():
     assert p.lookahead_row_s == pytest.approx(1e-7)
     assert p.dense_thread_efficiency == 0.0  # cuda
     assert p.device_memory_bytes == load_profile("h200").device_memory_bytes  # from the base
+
+
+@pytest.mark.parametrize("hw_name", ["cpu", "rtx3090"])
+def test_training_fit_recovers_the_framework_terms_of_synthetic_runs(hw_name):
+    """Runs "measured" with a known profile (framework terms, thread efficiency) are fitted from a
+    profile that lacks them: the fit finds them again, through the contention of ranks sharing
+    cores (cpu) and without it (rtx3090), and the fitted model reproduces every run."""
+    base = replace(load_profile(hw_name), framework_step_s=0.0, framework_id_s=0.0, framework_dist_step_s=0.0)
+    truth = replace(base, framework_step_s=1.5e-3, framework_id_s=4e-8, framework_dist_step_s=5e-3,
+                    dense_thread_efficiency=0.7 if base.device_is_host else base.dense_thread_efficiency)  # fmt: skip
+    grid = [(world, batch, plan) for world in (1, 2, 4) for batch in (256, 2048) for plan in ("table_wise", "frugal")]
+    runs = []
+    for world, batch, plan in grid:
+        w = workload(world=world, batch=batch)
+        runs.append(TrainingRun(w, Plan(plan), CostModel(truth).predict(w, Plan(plan)).samples_per_second))
+    fitted, report = fit_training(runs, replace(base, dense_thread_efficiency=0.0))
+    assert fitted.framework_step_s == pytest.approx(truth.framework_step_s, rel=1e-3)
+    assert fitted.framework_id_s == pytest.approx(truth.framework_id_s, rel=1e-3)
+    assert fitted.framework_dist_step_s == pytest.approx(truth.framework_dist_step_s, rel=1e-3)
+    assert fitted.dense_thread_efficiency == pytest.approx(truth.dense_thread_efficiency)
+    assert report["rms_relative_error"] < 1e-6
+    for r, row in zip(runs, report["runs"]):
+        assert row["predicted_step_s"] == pytest.approx(r.step_s, rel=1e-6)
+    # the framework term adds to every rank's step; it is fitted >= 0 even when the runs are faster
+    fast = [TrainingRun(r.workload, r.plan, r.samples_per_second * 3) for r in runs]
+    fitted_fast, _ = fit_training(fast, base)
+    assert min(getattr(fitted_fast, k) for k in ("framework_step_s", "framework_id_s", "framework_dist_step_s")) >= 0.0
+    with pytest.raises(ValueError, match="two measured runs"):
+        fit_training(runs[:1], base)

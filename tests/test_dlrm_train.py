@@ -31,10 +31,10 @@ def torchrun(args, tmp_path, nproc: int = 2, timeout: float = 240.0) -> dict:
     return json.loads(summary.read_text())
 
 
-def check_summary(s: dict, sharder: str, steps: int = 40) -> None:
+def check_summary(s: dict, sharder: str, steps: int = 40, world: int = 2) -> None:
     for k in SUMMARY_FIELDS:
         assert k in s, k
-    assert s["sharder"] == sharder and s["steps"] == steps and s["world_size"] == 2
+    assert s["sharder"] == sharder and s["steps"] == steps and s["world_size"] == world
     assert s["timed_steps"] == steps - s["warmup_steps"]
     assert s["samples_per_second"] > 0
     assert 0.0 < s["loss"] < 5.0
@@ -101,3 +101,21 @@ def test_parse_args_defaults_and_errors():
     for bad in (["--data", "criteo-tsv"], ["--steps", "0"], ["--steps", "5", "--warmup", "5"], ["--sharder", "x"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_the_cost_model_plans_the_run_and_the_pipeline_follows_its_lookahead(tmp_path):
+    """--hardware: FrugalShardingPlanner picks each table's sharding, the cache ratio and L by the
+    cost model; the summary records that plan, and the train pipeline runs the chosen L."""
+    from torchrec_frugal.cost_model import CACHE_RATIO_CHOICES, LOOKAHEAD_CHOICES, PLANNER_SHARDINGS
+
+    for nproc in (2, 1):  # on one rank the cpu profile prefers stock tables: the pipeline reads nothing ahead
+        s = torchrun(TINY + ["--sharder", "frugal", "--hardware", "cpu", "--lookahead", "7"], tmp_path, nproc=nproc)
+        check_summary(s, "frugal", world=nproc)
+        plan = s["plan"]
+        assert plan["hardware"] == "cpu" and len(plan["shardings"]) == 26
+        assert set(plan["shardings"].values()) <= set(PLANNER_SHARDINGS)
+        assert plan["lookahead"] in LOOKAHEAD_CHOICES and s["lookahead"] == plan["lookahead"]  # not the 7 asked for
+        if "frugal" in plan["shardings"].values():
+            assert plan["cache_ratio"] in CACHE_RATIO_CHOICES and s["frugal"]["planned_cache_ratio"] == plan["cache_ratio"]
+        else:
+            assert plan["lookahead"] == 0 and plan["cache_ratio"] is None and s["frugal"] is None

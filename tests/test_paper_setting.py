@@ -2,6 +2,7 @@
 committed results and doc against each other (no training; a few seconds)."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -139,6 +140,101 @@ def test_hugectr_summary_takes_the_largest_loss_of_the_points_that_fit(points):
         assert row["max_loss"] == max(mine) and len(row["loss_by_batch"]) == 8
 
 
+# ---------------------------------------------------------------------------- b(ii), HugeCTR-style variant
+# Built here independently of the script: the framework terms zero (a C++ training loop) and the dense
+# rate 25% of the dense TF32 tensor-core peak (GA102 whitepaper: RTX 3090 35.6 TFLOPS; A30 datasheet: 82).
+_NO_FRAMEWORK = dict(framework_step_s=0.0, framework_id_s=0.0, framework_dist_step_s=0.0)
+HC_RTX = dataclasses.replace(RTX, dense_flops_per_s=0.25 * 35.6e12, **_NO_FRAMEWORK)
+HC_A30 = dataclasses.replace(A30, dense_flops_per_s=0.25 * 82e12, **_NO_FRAMEWORK)
+
+
+@pytest.fixture(scope="module")
+def hugectr_style(points):
+    return ps.hugectr_style_check(RTX, A30, as_profiled=ps.hugectr_summary(points))
+
+
+def _largest_loss(m_rtx: CostModel, m_a30: CostModel):
+    """(largest loss, its config, GPUs, batch) of table_wise over the sweep, points that fit only."""
+    best = None
+    for config, n, batch in itertools.product(("avazu", "criteo-kaggle", "criteo-tb"), (2, 4), ps.SWEEP_BATCHES):
+        w = dlrm_workload(config, n, batch, 1.0, "mlp", presample_steps=0)
+        r, a = m_rtx.predict(w, Plan("table_wise")), m_a30.predict(w, Plan("table_wise"))
+        loss = 1 - r.samples_per_second / a.samples_per_second
+        if r.fits and a.fits and (best is None or loss > best[0]):
+            best = (loss, config, n, batch)
+    return best
+
+
+def test_the_shipped_profiles_take_25pct_of_the_fp32_peak():
+    # the basis of the variant's dense rate: the same share, of the tensor-core peak instead
+    assert RTX.dense_flops_per_s == pytest.approx(0.25 * 35.58e12) and A30.dense_flops_per_s == pytest.approx(0.25 * 10.32e12)
+
+
+def test_hugectr_style_profiles_change_only_the_framework_terms_and_the_dense_rate():
+    for hw, hc in ((RTX, HC_RTX), (A30, HC_A30)):
+        mine = ps.hugectr_style(hw)
+        assert mine == hc  # every field, the replaced ones included
+        before, after = dataclasses.asdict(hw), dataclasses.asdict(mine)
+        changed = {k for k in before if before[k] != after[k]}
+        assert changed <= {"framework_step_s", "framework_id_s", "framework_dist_step_s", "dense_flops_per_s"}
+        assert {"framework_step_s", "framework_id_s", "dense_flops_per_s"} <= changed  # 3 ms, 50 ns: now 0
+    # one change at a time
+    assert ps.hugectr_style(A30, c_loop=False) == dataclasses.replace(A30, dense_flops_per_s=20.5e12)
+    assert ps.hugectr_style(A30, tensor_cores=False) == dataclasses.replace(A30, **_NO_FRAMEWORK)
+    # the profile files are not changed by building the variant
+    assert load_profile("a30") == A30 and A30.framework_step_s == 0.003
+
+
+def test_hugectr_style_loss_recomputed_with_the_cost_model(hugectr_style):
+    pts = hugectr_style["points"]
+    assert len(pts) == 3 * 2 * 8
+    m_rtx, m_a30 = CostModel(HC_RTX), CostModel(HC_A30)
+    for p in pts:
+        w = _workload(p, presample_steps=0)
+        r, a = m_rtx.predict(w, Plan("table_wise")), m_a30.predict(w, Plan("table_wise"))
+        assert r.terms["framework"] == 0.0 and a.terms["framework"] == 0.0
+        assert p["loss"] == pytest.approx(1 - r.samples_per_second / a.samples_per_second, rel=1e-12, abs=1e-15)
+        assert p["rtx3090_terms_ms"]["dense_compute"] == pytest.approx(1e3 * r.terms["dense_compute"], rel=1e-12)
+        assert p["fits"] == (r.fits and a.fits)
+    loss, config, n, batch = _largest_loss(m_rtx, m_a30)
+    o = hugectr_style["overall"]
+    assert o["model"] == pytest.approx(loss, rel=1e-12)
+    assert (o["point"]["config"], o["point"]["gpus"], o["point"]["batch_per_gpu"]) == (config, n, batch)
+    assert o["relative_difference"] == pytest.approx(loss / 0.37 - 1)
+    assert o["within_25pct"] == (abs(loss / 0.37 - 1) <= 0.25)
+    # the terms at the largest add up to the step-time difference
+    b = hugectr_style["breakdown"]
+    assert sum(b["gap_by_term_ms"].values()) == pytest.approx(b["rtx3090_step_ms"] - b["a30_step_ms"], rel=1e-9)
+    samples = o["point"]["gpus"] * o["point"]["batch_per_gpu"]
+    assert b["rtx3090_step_ms"] == pytest.approx(1e3 * samples / o["point"]["rtx3090_samples_per_second"], rel=1e-9)
+
+
+def test_hugectr_style_ablation_and_sensitivity(hugectr_style, points):
+    rows = {(r["c_loop"], r["tensor_cores"]): r for r in hugectr_style["ablation"]}
+    assert len(rows) == 4
+    assert rows[(False, False)]["model"] == ps.hugectr_summary(points)["overall"]["model"]  # as profiled
+    assert rows[(True, True)]["model"] == hugectr_style["overall"]["model"]
+    fw_only = _largest_loss(CostModel(dataclasses.replace(RTX, **_NO_FRAMEWORK)),
+                            CostModel(dataclasses.replace(A30, **_NO_FRAMEWORK)))  # fmt: skip
+    assert rows[(True, False)]["model"] == pytest.approx(fw_only[0], rel=1e-12)
+    tc_only = _largest_loss(CostModel(dataclasses.replace(RTX, dense_flops_per_s=8.9e12)),
+                            CostModel(dataclasses.replace(A30, dense_flops_per_s=20.5e12)))  # fmt: skip
+    assert rows[(False, True)]["model"] == pytest.approx(tc_only[0], rel=1e-12)
+    sens = {r["efficiency"]: r for r in hugectr_style["sensitivity"]}
+    assert sens[0.25]["model"] == hugectr_style["overall"]["model"]
+    half = _largest_loss(CostModel(dataclasses.replace(HC_RTX, dense_flops_per_s=0.5 * 35.6e12)),
+                         CostModel(dataclasses.replace(HC_A30, dense_flops_per_s=0.5 * 82e12)))  # fmt: skip
+    assert sens[0.5]["model"] == pytest.approx(half[0], rel=1e-12)
+
+
+def test_no_variant_without_a_known_tf32_peak(tmp_path, capsys):
+    js = tmp_path / "p.json"
+    assert ps.main(["--configs", "avazu", "--gpus", "2", "--batches", "128", "--cache-ratios", "0.05",
+                    "--hardware", "rtx4090", "--json", str(js), "--no-plot"]) == 0  # fmt: skip
+    assert json.loads(js.read_text())["hugectr_style_loss"] is None
+    assert "Not computed: no dense TF32 tensor-core peak" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------- the script and its outputs
 def test_main_writes_json_markdown_and_plot(tmp_path, capsys):
     js, png = tmp_path / "p.json", tmp_path / "p.png"
@@ -148,6 +244,7 @@ def test_main_writes_json_markdown_and_plot(tmp_path, capsys):
     assert doc["prediction"] is True and len(doc["comparison"]) == 1 and png.stat().st_size > 10_000
     out = capsys.readouterr().out
     assert "PREDICTED" in out and "| avazu | 2 | 128 | 0.05 |" in out and "Figure 3" in out
+    assert doc["hugectr_style_loss"]["variant"] == "HugeCTR-style" and "| HugeCTR-style | largest" in out
 
 
 def test_the_committed_results_and_doc_agree():
@@ -161,6 +258,10 @@ def test_the_committed_results_and_doc_agree():
     head = next(r for r in a2a["rows"] if [r["rtx3090_gpus"], r["a30_gpus"]] == a2a["headline_pair"])
     assert f"{100 * head['share']:.1f}%" in text
     assert f"| {100 * doc['hugectr_loss']['overall']['model']:.1f}% | 37% |" in text
+    hc = doc["hugectr_style_loss"]["overall"]
+    assert hc["model"] == max(p["loss"] for p in doc["hugectr_style_loss"]["points"] if p["fits"])
+    assert f"| {100 * hc['model']:.1f}% | 37% | {100 * hc['relative_difference']:+.1f}% |" in text
+    assert doc["hugectr_style_loss"]["changes"]["a30"]["dense_flops_per_s"] == [2.58e12, 0.25 * 82e12]
     r = doc["comparison"][-1]
     cells = [r["config"], r["gpus"], r["batch_per_gpu"], f"{r['cache_ratio']:g}", r["lookahead"],
              f"{r['frugal_samples_per_second']:,.0f}"]

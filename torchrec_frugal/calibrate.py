@@ -11,11 +11,14 @@ synthetic timings.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from .cost_model import CostModel, Plan, Workload
 from .profiles import HardwareProfile, profile_from_dict
 
 ROW_BYTES = 128  # dim 32 fp32 rows, the paper's
@@ -102,6 +105,96 @@ def fit_profile(m: Dict[str, Any], base: HardwareProfile, name: str) -> Hardware
     if "h2d" in m:
         fields.update(h2d_bw=bw("h2d"), d2h_bw=bw("d2h"))
     return profile_from_dict(fields, f"calibration of {name}")
+
+
+# ---------------------------------------------------------------------------- the training loop's own time
+FRAMEWORK_FIELDS = ("framework_step_s", "framework_id_s", "framework_dist_step_s")
+EFFICIENCY_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRun:
+    """One measured run of a real training loop: its workload, its plan and its samples/s."""
+
+    workload: Workload
+    plan: Plan
+    samples_per_second: float
+
+    @property
+    def step_s(self) -> float:
+        return self.workload.world_size * self.workload.batch_size / self.samples_per_second
+
+    def features(self) -> np.ndarray:
+        """What the framework term multiplies: 1, the rank's ids, and whether ranks talk (W > 1)."""
+        ids = sum(self.workload.batch_size * t.pooling for t in self.workload.tables)
+        return np.array([1.0, ids, float(self.workload.world_size > 1)])
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin |a x - b| over x >= 0, by trying every support (a handful of unknowns)."""
+    best, best_err = np.zeros(a.shape[1]), float(np.sum(b**2))
+    for k in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), k):
+            x_s = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+            if np.all(x_s >= 0):
+                x = np.zeros(a.shape[1])
+                x[list(cols)] = x_s
+                err = float(np.sum((a @ x - b) ** 2))
+                if err < best_err:
+                    best, best_err = x, err
+    return best
+
+
+def fit_training(runs: Sequence[TrainingRun], base: HardwareProfile, iterations: int = 20) -> Tuple[HardwareProfile, Dict[str, Any]]:
+    """The second stage of a calibration: the framework terms (and, on a CPU device, the dense
+    thread efficiency) that make the model's step times match measured runs of the real training
+    loop, least squares in relative error.
+
+    The microbenchmarks time each part alone; inside a training step the same work runs slower
+    and the loop adds its own (the pipeline, TorchRec's input handling, the ranks' collectives
+    and their switches on shared cores). That remainder is what the framework term holds:
+    ``framework_step_s + framework_id_s x ids + framework_dist_step_s x [W > 1]``, all >= 0.
+    The model's step is piecewise linear in the framework term (it may enter through the
+    contention of ranks sharing cores), so the fit linearizes it around the current guess and
+    solves again until it settles; the thread efficiency is searched on a grid.
+    """
+    if len(runs) < 2:
+        raise ValueError("fit_training needs at least two measured runs")
+    measured = np.array([r.step_s for r in runs])
+    x = np.stack([r.features() for r in runs])
+    eps = 1e-4
+    efficiencies = EFFICIENCY_GRID if base.device_is_host else (base.dense_thread_efficiency,)
+    best: Tuple[float, HardwareProfile, np.ndarray] = (float("inf"), base, measured)
+
+    def steps(prof: HardwareProfile) -> np.ndarray:
+        model = CostModel(prof)
+        return np.array([model.predict(r.workload, r.plan).step_s for r in runs])
+
+    for eff in efficiencies:
+        theta = np.zeros(len(FRAMEWORK_FIELDS))
+        prof = dataclasses.replace(base, dense_thread_efficiency=float(eff), **dict(zip(FRAMEWORK_FIELDS, theta)))
+        for _ in range(iterations):
+            pred = steps(prof)
+            slope = (steps(dataclasses.replace(prof, framework_step_s=prof.framework_step_s + eps)) - pred) / eps
+            offset = pred - slope * (x @ theta)
+            new = _nonnegative_lstsq(slope[:, None] * x / measured[:, None], (measured - offset) / measured)
+            prof = dataclasses.replace(prof, **dict(zip(FRAMEWORK_FIELDS, map(float, new))))
+            if np.allclose(new, theta, rtol=1e-6, atol=1e-12):
+                break
+            theta = new
+        pred = steps(prof)
+        err = float(np.sqrt(np.mean((pred / measured - 1.0) ** 2)))
+        if err < best[0]:
+            best = (err, prof, pred)
+    err, prof, pred = best
+    report = {
+        "rms_relative_error": err,
+        "fitted": {k: getattr(prof, k) for k in ("dense_thread_efficiency", *FRAMEWORK_FIELDS)},
+        "runs": [{"world_size": r.workload.world_size, "batch_size": r.workload.batch_size, "plan": r.plan.sharding,
+                  "measured_step_s": float(m), "predicted_step_s": float(p)}
+                 for r, m, p in zip(runs, measured, pred)],
+    }  # fmt: skip
+    return prof, report
 
 
 # ---------------------------------------------------------------------------- measurements

@@ -438,7 +438,8 @@ class CostModel:
         return {
             "dense_compute": p.dense(3.0 * d.flops_per_sample * w.batch_size, 3 * d.ops, self.threads(w)) + optimizer,
             "dense_allreduce": p.all_reduce(d.params * F32),
-            "framework": self.hw.framework_step_s + self.hw.framework_id_s * ids,
+            "framework": self.hw.framework_step_s + self.hw.framework_id_s * ids
+            + (self.hw.framework_dist_step_s if w.world_size > 1 else 0.0),
         }
 
     # ------------------------------------------------------------------ TorchRec

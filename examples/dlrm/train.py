@@ -69,6 +69,7 @@ from examples.common import (
     combined_optimizer,
     gather_cat,
     init_distributed,
+    plan_shardings,
     planned_cache_ratio,
     progress_bar,
     require_cuda_fbgemm,
@@ -281,6 +282,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         cfg.dataset.table_names(),
         lambda: StockSharder(fused_params=fused_params(cfg)),
         functools.partial(frugal_sharder, cfg, presample),
+        batch_per_rank=cfg.batch_size,
     )
     plan_info = {"planned_cache_ratio": planned_cache_ratio(plan)} if args.sharder == "frugal" else {}
     dmp = DistributedModelParallel(
@@ -409,7 +411,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "threads_per_rank": threads,
         "batch_size": cfg.batch_size,
         "cache_ratio": cfg.cache_ratio if args.sharder == "frugal" else None,
-        "lookahead": cfg.lookahead if args.sharder == "frugal" else None,
+        "lookahead": args.lookahead if args.sharder == "frugal" else None,  # the planner's, with --hardware
         "data": args.data,
         "steps": steps_done,
         "warmup_steps": args.warmup,
@@ -426,6 +428,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "resumed_from_step": start if resume else None,
         "checkpoint_steps": ckpt.written,
         "checkpoint_s": ckpt.seconds,
+        "plan": {"shardings": plan_shardings(plan), "hardware": args.hardware, "lookahead": args.lookahead,
+                 "cache_ratio": planned_cache_ratio(plan)} if args.sharder == "frugal" else None,
         "frugal": None,
     }
     if stats.engines:

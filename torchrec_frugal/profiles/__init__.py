@@ -43,6 +43,7 @@ class HardwareProfile:
     # the training loop around the model (TorchRec pipeline, input batch, optimizers)
     framework_step_s: float  # fixed per step
     framework_id_s: float  # per sparse id of the rank's batch (KJT handling, input data)
+    framework_dist_step_s: float  # per step when W > 1: the distributed loop's own work (dists, DDP, ranks' switches)
     # embedding kernels in device memory
     device_gather_bw: float  # random 128-byte rows gathered in device memory
     device_scatter_bw: float  # random 128-byte rows written in device memory
@@ -107,9 +108,9 @@ class HardwareProfile:
 
 
 _OPTIONAL = {"notes", "extra"}
-_NONNEGATIVE = {"dense_thread_efficiency", "op_overhead_s", "framework_step_s", "framework_id_s", "kernel_id_s",
-                "a2a_latency_s", "allreduce_latency_s", "engine_step_s", "engine_row_s", "lookahead_row_s",
-                "sync_latency_s"}  # fmt: skip
+_NONNEGATIVE = {"dense_thread_efficiency", "op_overhead_s", "framework_step_s", "framework_id_s", "framework_dist_step_s",
+                "kernel_id_s", "a2a_latency_s", "allreduce_latency_s", "engine_step_s", "engine_row_s",
+                "lookahead_row_s", "sync_latency_s"}  # fmt: skip
 
 
 def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProfile:

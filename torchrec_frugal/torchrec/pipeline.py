@@ -84,7 +84,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 m for m in self._pipelined_modules if isinstance(m, FrugalShardedModuleMixin) and m.frugal_lookups()
             ]
             window = min((m.lookahead() for m in self._frugal), default=0)
-            if self._requested_lookahead is not None:
+            if self._requested_lookahead is not None and self._frugal:  # no frugal table: nothing to read ahead for
                 if self._requested_lookahead > window:
                     raise ValueError(
                         f"FrugalTrainPipeline(lookahead={self._requested_lookahead}) exceeds the engines' "

@@ -14,6 +14,7 @@ Each world size spawns its ranks once and runs every scenario in them (module-sc
 from __future__ import annotations
 
 import gc
+import os
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -202,7 +203,8 @@ def build(
     sharding: "frugal" (FrugalShardingPlanner), "default" (DistributedModelParallel's own planner
     given the frugal sharder), "mixed" (FrugalShardingPlanner, half the tables constrained to
     table_wise), "frugal_two_groups" (FrugalShardingPlanner, t0 with its own cache ratio, hence
-    its own engine), or a stock type ("table_wise", "row_wise") through construct_module_sharding_plan.
+    its own engine), or through construct_module_sharding_plan a stock type ("table_wise", "row_wise")
+    or "frugal_row_wise" (nodes of LOCAL_WORLD_SIZE ranks).
     model_kind: "dlrm" (DLRMTrain), "ec" (ECModel), "variants" or "weighted_variants" (VariantsModel).
     """
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -220,7 +222,7 @@ def build(
 
     from torchrec_frugal.config import FrugalConfig
     from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder, FrugalEmbeddingCollectionSharder
-    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner, frugal_row_wise
 
     torch.manual_seed(0)  # the same dense initial weights in every run
     n = len(table_rows)
@@ -284,20 +286,21 @@ def build(
         gen = {
             "table_wise": lambda t: table_wise(rank=t % world, compute_kernel="fused"),
             "row_wise": lambda t: row_wise(compute_kernel="fused"),
+            "frugal_row_wise": lambda t: frugal_row_wise(),
         }[sharding]
+        sharder = frugal_sharder if sharding == "frugal_row_wise" else stock_sharder
         plan = ShardingPlan(
             {
                 path: construct_module_sharding_plan(
                     module,
                     {name: gen(t) for t, name in enumerate(names)},
-                    sharder=stock_sharder,
-                    local_size=world,
+                    sharder=sharder,
+                    local_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
                     world_size=world,
                     device_type=device.type,
                 )
             }
         )
-        sharder = stock_sharder
     dmp = DistributedModelParallel(model, env=env, device=device, plan=plan, sharders=[sharder])
     sd = dmp.state_dict()
     for t, (name, (rows, dim)) in enumerate(zip(names, table_shapes(model_kind, table_rows))):

@@ -7,8 +7,9 @@ and leaves no segment behind). After set-up the ranks talk through shared memory
 """
 from __future__ import annotations
 
+import os
 import socket
-from typing import Callable, List, Optional, Sequence, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -18,8 +19,16 @@ from .errors import FrugalError, FrugalInputError
 from .host_memory import HostMemoryError
 
 T = TypeVar("T")
+# torchrun's node rank (one per --nnodes launch); absent outside torchrun.
+NODE_RANK_ENV = "GROUP_RANK"
 # Errors of set-up that every rank raises alike when one rank hits them.
 SETUP_ERRORS = {c.__name__: c for c in (FrugalError, FrugalInputError, HostMemoryError, shm.SharedMemoryFullError)}
+
+
+def node_identity() -> str:
+    """This process's node: its host, and its launcher node rank when there is one."""
+    node = os.environ.get(NODE_RANK_ENV)
+    return socket.gethostname() + ("" if node is None else f" (node {node})")
 
 
 class LocalGroup:
@@ -73,11 +82,22 @@ class LocalGroup:
         return [value for _, value in outcomes]  # type: ignore[misc]
 
     def check_one_machine(self) -> None:
-        hosts = self.gather(socket.gethostname())
-        if len(set(hosts)) > 1:
+        """Raise, naming the nodes and their ranks, if the group spans machines or launcher nodes.
+
+        A node is a host, or one ``torchrun --nnodes`` launch (its ``GROUP_RANK``): nodes simulated
+        on one host keep separate shared memory, so one engine cannot span them either.
+        """
+        nodes = self.gather(node_identity())
+        if len(set(nodes)) > 1:
+            by_node: Dict[str, List[int]] = {}
+            for r, n in enumerate(nodes):
+                by_node.setdefault(n, []).append(r)  # type: ignore[arg-type]
             raise FrugalError(
-                "Frugal keeps the tables in the host memory of one machine, but the ranks run on "
-                f"different hosts: {dict(enumerate(hosts))}"
+                "a Frugal engine keeps its tables in the shared memory of one node, but the ranks of its "
+                f"process group run on {len(by_node)} nodes: "
+                + "; ".join(f"{n}: ranks {rs}" for n, rs in by_node.items())
+                + ". Across nodes, shard the tables with frugal_row_wise (a Frugal engine per node, "
+                "TorchRec's row-wise all-to-alls between nodes), or give the engine one node's process group"
             )
 
     def agree_on_shm_dir(self, configured: Optional[str]) -> str:

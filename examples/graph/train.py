@@ -116,7 +116,7 @@ def shard(
         [ENTITY_TABLE],
         lambda: EmbeddingCollectionSharder(fused_params=fused_params(args)),
         functools.partial(frugal_sharder, args, presample),
-        batch_per_rank=max(1, args.batch_size // world),
+        batch_per_rank=max(1, args.batch_size // dist.get_world_size()),
     )
     dmp = DistributedModelParallel(
         module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(dist.GroupMember.WORLD)  # type: ignore[list-item]

@@ -7,9 +7,9 @@ from . import patches
 from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingCollection
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder, FrugalShardedEmbeddingBagCollection
 from .pipeline import FrugalTrainPipeline
-from .planner import FrugalShardingPlanner, frugal
+from .planner import FrugalShardingPlanner, frugal, frugal_row_wise
 from .stats import FrugalCostStats
-from .types import FRUGAL
+from .types import FRUGAL, FRUGAL_ROW_WISE
 from .topology import CONSUMER_GPUS, consumer_pcie_topology
 
 patches.apply()
@@ -17,6 +17,7 @@ patches.apply()
 __all__ = [
     "CONSUMER_GPUS",
     "FRUGAL",
+    "FRUGAL_ROW_WISE",
     "FrugalCostStats",
     "FrugalEmbeddingBagCollectionSharder",
     "FrugalEmbeddingCollectionSharder",
@@ -26,4 +27,5 @@ __all__ = [
     "FrugalTrainPipeline",
     "consumer_pcie_topology",
     "frugal",
+    "frugal_row_wise",
 ]

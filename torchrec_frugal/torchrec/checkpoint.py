@@ -24,12 +24,26 @@ def row_blocks(num_rows: int, world_size: int) -> List[Tuple[int, int]]:
     return [(min(r * block, num_rows), max(0, min(block, num_rows - r * block))) for r in range(world_size)]
 
 
+def row_layout(num_rows: int, world_size: int, local_size: int) -> List[Tuple[int, int]]:
+    """(offset, size) of each rank's rows in a checkpoint: one block per node as row_wise splits a
+    table over nodes, each node's block split over its ``local_size`` ranks the same way (rank =
+    node x local_size + local rank). With one node it is :func:`row_blocks`."""
+    return [
+        (node_off + off, size)
+        for node_off, node_rows in row_blocks(num_rows, world_size // local_size)
+        for off, size in row_blocks(node_rows, local_size)
+    ]
+
+
 def _global_rank(pg: Optional[dist.ProcessGroup], group_rank: int) -> int:
     return group_rank if pg is None or pg is dist.GroupMember.WORLD else dist.get_global_rank(pg, group_rank)
 
 
-def rows_sharded_tensor(local: torch.Tensor, num_rows: int, pg: Optional[dist.ProcessGroup]) -> ShardedTensor:
-    """A ShardedTensor of ``num_rows`` rows whose block of this rank is ``local`` (no collective)."""
+def rows_sharded_tensor(
+    local: torch.Tensor, num_rows: int, pg: Optional[dist.ProcessGroup], blocks: Optional[List[Tuple[int, int]]] = None
+) -> ShardedTensor:
+    """A ShardedTensor of ``num_rows`` rows whose block of this rank is ``local`` (no collective);
+    ``blocks``: each rank's (offset, size), by default :func:`row_blocks`."""
     rank, world = dist.get_rank(pg), dist.get_world_size(pg)
     tail = list(local.shape[1:])
     metas: Dict[int, ShardMetadata] = {
@@ -38,7 +52,7 @@ def rows_sharded_tensor(local: torch.Tensor, num_rows: int, pg: Optional[dist.Pr
             shard_sizes=[size] + tail,
             placement=f"rank:{_global_rank(pg, r)}/cpu",
         )
-        for r, (off, size) in enumerate(row_blocks(num_rows, world))
+        for r, (off, size) in enumerate(blocks if blocks is not None else row_blocks(num_rows, world))
         if size > 0
     }
     metadata = ShardedTensorMetadata(
@@ -51,12 +65,16 @@ def rows_sharded_tensor(local: torch.Tensor, num_rows: int, pg: Optional[dist.Pr
 
 
 def held_rows(
-    value: Union[ShardedTensor, torch.Tensor], what: str, pg: Optional[dist.ProcessGroup]
+    value: Union[ShardedTensor, torch.Tensor],
+    what: str,
+    pg: Optional[dist.ProcessGroup],
+    blocks: Optional[List[Tuple[int, int]]] = None,
 ) -> List[Tuple[int, torch.Tensor]]:
     """(first row, rows) pieces of a loaded value this rank loads; each piece has whole rows.
 
     A ShardedTensor gives its local shards; a whole tensor (the same on every rank) gives this
-    rank's row block, so that the ranks together load every row once.
+    rank's row block (``blocks``, by default :func:`row_blocks`), so that the ranks together load
+    every row once.
     """
     if isinstance(value, ShardedTensor):
         full_cols = list(value.size()[1:])
@@ -72,6 +90,7 @@ def held_rows(
             pieces.append((int(meta.shard_offsets[0]), shard.tensor))
         return pieces
     if isinstance(value, torch.Tensor):
-        off, size = row_blocks(value.shape[0], dist.get_world_size(pg))[dist.get_rank(pg)]
+        layout = blocks if blocks is not None else row_blocks(value.shape[0], dist.get_world_size(pg))
+        off, size = layout[dist.get_rank(pg)]
         return [(off, value[off : off + size])]
     raise TypeError(f"{what}: expected a Tensor or ShardedTensor, got {type(value).__name__}")

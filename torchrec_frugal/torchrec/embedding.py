@@ -26,7 +26,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..config import FrugalConfig
 from .embedding_types import FrugalShardedModuleMixin, FrugalSharderMixin, customized_kernel_for_frugal
 from .frugal_sharding import FrugalSequenceEmbeddingSharding
-from .types import FRUGAL
+from .types import FRUGAL_TYPES
 
 # TorchRec's EmbeddingCollectionSharder offers these on every device.
 STOCK_SEQUENCE_SHARDING_TYPES: List[str] = [
@@ -77,7 +77,7 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
         device: Optional[torch.device] = None,
         qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
     ) -> EmbeddingSharding[SequenceShardingContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]:
-        if sharding_type == FRUGAL:
+        if sharding_type in FRUGAL_TYPES:
             return self._create_frugal_sharding(sharding_infos, env, device)
         return super().create_embedding_sharding(
             sharding_type=sharding_type,

@@ -24,6 +24,7 @@ from ..config import FrugalConfig, OptimizerSpec, TableSpec
 from ..engine import FrugalEngine
 from ..errors import FrugalError, FrugalInputError
 from .optim import FrugalFusedOptimizer
+from .checkpoint import row_layout
 from .types import OPTIMIZER_KINDS, FrugalTable
 
 # FBGEMM TBE defaults (split_table_batched_embeddings_ops_training), used when fused_params omit them.
@@ -67,10 +68,13 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         config: FrugalConfig,
         pg: Optional[dist.ProcessGroup],
         device: torch.device,
+        checkpoint_pg: Optional[dist.ProcessGroup] = None,
     ) -> None:
         super().__init__()
         self.tables = tables
-        self.pg = pg
+        self.pg = pg  # the engine's ranks (frugal_row_wise: one node's)
+        # The ranks a checkpoint's ShardedTensors span (frugal_row_wise: every node's).
+        self.checkpoint_pg = checkpoint_pg if checkpoint_pg is not None else pg
         self.engine = FrugalEngine(
             tables=[TableSpec(t.name, t.num_embeddings, t.embedding_dim) for t in tables],
             optimizer=tables[0].optimizer,
@@ -158,6 +162,28 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
             self._flushed_step = self.engine.step
 
     # ------------------------------------------------------------------ checkpoint rows
+    def checkpoint_blocks(self, table: str) -> List[Tuple[int, int]]:
+        """Each rank's (first row, rows) of the whole ``table`` in a checkpoint, by rank of
+        ``checkpoint_pg``: row_wise's blocks, per node and then per rank of the node."""
+        t = self.tables[self.table_index[table]]
+        return row_layout(t.table_rows, dist.get_world_size(self.checkpoint_pg), dist.get_world_size(self.pg))
+
+    def own_block(self, table: str) -> Tuple[int, int]:
+        """(first row of the whole table, rows) of this rank's block in a checkpoint."""
+        return self.checkpoint_blocks(table)[dist.get_rank(self.checkpoint_pg)]
+
+    def engine_ids(self, table: str, first: int, count: int, what: str) -> torch.Tensor:
+        """Ids in this engine's table of rows [first, first + count) of the whole table; raises if
+        they lie outside the rows this engine holds (another node's block)."""
+        t = self.tables[self.table_index[table]]
+        lo = first - t.row_offset
+        if lo < 0 or lo + count > t.num_embeddings:
+            raise ValueError(
+                f"{what}: rows {first}..{first + count - 1} of table {table!r} lie outside the rows "
+                f"{t.row_offset}..{t.row_offset + t.num_embeddings - 1} this rank's node holds"
+            )
+        return torch.arange(lo, lo + count)
+
     def table_rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
         i = self.table_index[table]
         return ids.to(torch.int64) + self.engine.table_offsets[i]

@@ -44,9 +44,14 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         config: FrugalConfig,
         pg: Optional[dist.ProcessGroup],
         device: torch.device,
+        checkpoint_pg: Optional[dist.ProcessGroup] = None,
+        reads_ahead: bool = True,
     ) -> None:
         super().__init__()
         self._pooled = pooled
+        # Whether the train pipeline may announce future batches to it: the KJT it announces is
+        # the module's input, which is this lookup's input only when no input dist moves ids.
+        self.reads_ahead = reads_ahead
         self._device = device
         # Position of each KJT feature this lookup receives -> (group, table index in group).
         self._feature_names: List[str] = [f for t in tables for f in t.feature_names]
@@ -55,7 +60,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             o = t.optimizer
             key = (t.embedding_dim, o.kind, o.lr, o.eps, t.cache_ratio)
             keyed.setdefault(key, []).append(t)
-        self.groups = nn.ModuleList(FrugalTableGroup(ts, config, pg, device) for ts in keyed.values())
+        self.groups = nn.ModuleList(FrugalTableGroup(ts, config, pg, device, checkpoint_pg) for ts in keyed.values())
         where = {t.name: (gi, g.table_index[t.name]) for gi, g in enumerate(self.groups) for t in g.tables}
         self._positions: List[List[int]] = [[] for _ in self.groups]
         self._position_table: List[int] = []

@@ -22,10 +22,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..config import FrugalConfig
 from ..engine import FrugalEngine
 from ..errors import FrugalInputError
-from .checkpoint import held_rows, row_blocks, rows_sharded_tensor
+from .checkpoint import held_rows, rows_sharded_tensor
 from .embedding_lookup import FrugalEmbeddingLookup
 from .frugal_sharding import FrugalEmbeddingSharding
-from .types import FRUGAL
+from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
 
 class FrugalSharderMixin:
@@ -61,7 +61,7 @@ def customized_kernel_for_frugal(params: Dict[str, ParameterSharding]) -> Dict[s
     """Frugal tables run TorchRec's CUSTOMIZED_KERNEL path: the sharded module owns their state."""
     return {
         name: replace(ps, compute_kernel=EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value)
-        if ps.sharding_type == FRUGAL
+        if ps.sharding_type in FRUGAL_TYPES
         else ps
         for name, ps in params.items()
     }
@@ -90,6 +90,7 @@ class FrugalShardedModuleMixin:
 
     _frugal_weight_prefix: ClassVar[str]  # "embedding_bags." or "embeddings."
     _frugal_sharding_type: ClassVar[Type[FrugalEmbeddingSharding[Any]]]  # pooled or sequence
+    _frugal_row_wise_sharding_type: ClassVar[Optional[Type[FrugalEmbeddingSharding[Any]]]] = None
     _frugal_features: List[str]  # every feature the module's tables serve
     _lookups: List[nn.Module]
 
@@ -111,8 +112,13 @@ class FrugalShardedModuleMixin:
     def _create_frugal_sharding(
         self, sharding_infos: List[EmbeddingShardingInfo], env: ShardingEnv, device: Optional[torch.device]
     ) -> FrugalEmbeddingSharding[Any]:
-        """The frugal sharding of ``sharding_infos``; the parent's ``__init__`` asks for it."""
-        return self._frugal_sharding_type(
+        """The frugal (or frugal_row_wise) sharding of ``sharding_infos``; the parent's ``__init__`` asks for it."""
+        kind = self._frugal_sharding_type
+        if sharding_infos[0].param_sharding.sharding_type == FRUGAL_ROW_WISE:
+            if self._frugal_row_wise_sharding_type is None:
+                raise NotImplementedError(f"{type(self).__name__}: no {FRUGAL_ROW_WISE} sharding yet; use frugal or row_wise")
+            kind = self._frugal_row_wise_sharding_type
+        return kind(
             sharding_infos,
             env,
             device,
@@ -134,6 +140,11 @@ class FrugalShardedModuleMixin:
 
     def frugal_lookups(self) -> List[FrugalEmbeddingLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, FrugalEmbeddingLookup)]
+
+    def lookahead_lookups(self) -> List[FrugalEmbeddingLookup]:
+        """The frugal lookups a train pipeline announces future batches to (not frugal_row_wise's,
+        whose ids reach them through the cross-node all-to-all)."""
+        return [lookup for lookup in self.frugal_lookups() if lookup.reads_ahead]
 
     def frugal_engines(self) -> List[FrugalEngine]:
         """The engines serving this module's frugal tables, one per table group: what a training
@@ -159,21 +170,21 @@ class FrugalShardedModuleMixin:
         keys = features.keys()
         return [
             lookup.lookahead_rows(features.permute([keys.index(f) for f in lookup.feature_names]))
-            for lookup in self.frugal_lookups()
+            for lookup in self.lookahead_lookups()
         ]
 
     def announce(self, rows: List[List[torch.Tensor]]) -> None:
         """Push rows from ``lookahead_rows`` to the engines' lookahead windows."""
-        for lookup, r in zip(self.frugal_lookups(), rows):
+        for lookup, r in zip(self.lookahead_lookups(), rows):
             lookup.announce(r)
 
     def lookahead_capacity(self) -> int:
-        """How many future batches the engines take now (the module must have frugal tables)."""
-        return min(lookup.lookahead_capacity() for lookup in self.frugal_lookups())
+        """How many future batches the engines take now (the module must have lookahead lookups)."""
+        return min(lookup.lookahead_capacity() for lookup in self.lookahead_lookups())
 
     def lookahead(self) -> int:
-        """The engines' lookahead window L (the module must have frugal tables)."""
-        return min(lookup.lookahead() for lookup in self.frugal_lookups())
+        """The engines' lookahead window L (the module must have lookahead lookups)."""
+        return min(lookup.lookahead() for lookup in self.lookahead_lookups())
 
 
 def _frugal_state_dict_hook(
@@ -182,12 +193,11 @@ def _frugal_state_dict_hook(
     for lookup in module.frugal_lookups():
         for g in lookup.groups:
             g.ensure_flushed()
-            world, rank = dist.get_world_size(g.pg), dist.get_rank(g.pg)
             for t in g.tables:
-                off, size = row_blocks(t.num_embeddings, world)[rank]
-                weights, _ = g.block(t.name, off, size)
+                first, size = g.own_block(t.name)
+                weights, _ = g.block(t.name, first - t.row_offset, size)
                 key = f"{prefix}{module._frugal_weight_prefix}{t.name}.weight"
-                destination[key] = rows_sharded_tensor(weights, t.num_embeddings, g.pg)
+                destination[key] = rows_sharded_tensor(weights, t.table_rows, g.checkpoint_pg, g.checkpoint_blocks(t.name))
 
 
 def _frugal_load_state_dict_pre_hook(
@@ -201,11 +211,11 @@ def _frugal_load_state_dict_pre_hook(
                 if key not in state_dict:
                     continue
                 value = state_dict[key]
-                if isinstance(value, torch.Tensor) and tuple(value.shape) != (t.num_embeddings, t.embedding_dim):
+                if isinstance(value, torch.Tensor) and tuple(value.shape) != (t.table_rows, t.embedding_dim):
                     raise ValueError(
-                        f"{key}: expected the whole table {(t.num_embeddings, t.embedding_dim)}, got {tuple(value.shape)}"
+                        f"{key}: expected the whole table {(t.table_rows, t.embedding_dim)}, got {tuple(value.shape)}"
                     )
-                for first, rows in held_rows(value, key, g.pg):
-                    parts.append((t.name, torch.arange(first, first + rows.shape[0]), rows, None))
+                for first, rows in held_rows(value, key, g.checkpoint_pg, g.checkpoint_blocks(t.name)):
+                    parts.append((t.name, g.engine_ids(t.name, first, rows.shape[0], key), rows, None))
                 state_dict[key] = torch.empty(0)  # what the placeholder parameter loads
             g.write(parts)

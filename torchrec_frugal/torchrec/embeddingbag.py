@@ -27,8 +27,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
 from .embedding_types import FrugalShardedModuleMixin, FrugalSharderMixin, customized_kernel_for_frugal
+from .frugal_row_wise_sharding import FrugalRowWisePooledEmbeddingSharding
 from .frugal_sharding import FrugalPooledEmbeddingSharding
-from .types import FRUGAL
+from .types import FRUGAL_TYPES
 
 # Every TorchRec sharding type; TorchRec's sharder offers the row-wise ones on CUDA only, but
 # they train on CPU too (gloo), which a plan mixing frugal and stock tables may want.
@@ -48,6 +49,7 @@ class FrugalShardedEmbeddingBagCollection(FrugalShardedModuleMixin, ShardedEmbed
 
     _frugal_weight_prefix = "embedding_bags."
     _frugal_sharding_type = FrugalPooledEmbeddingSharding
+    _frugal_row_wise_sharding_type = FrugalRowWisePooledEmbeddingSharding
 
     def __init__(
         self,
@@ -83,7 +85,7 @@ class FrugalShardedEmbeddingBagCollection(FrugalShardedModuleMixin, ShardedEmbed
         permute_embeddings: bool = False,
         qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
     ) -> EmbeddingSharding[EmbeddingShardingContext, KeyedJaggedTensor, torch.Tensor, torch.Tensor]:
-        if sharding_infos[0].param_sharding.sharding_type == FRUGAL:
+        if sharding_infos[0].param_sharding.sharding_type in FRUGAL_TYPES:
             return self._create_frugal_sharding(sharding_infos, env, device)
         return super().create_embedding_bag_sharding(
             sharding_infos,

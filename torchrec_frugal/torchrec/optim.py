@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.optim.fused import FusedOptimizer
 
-from .checkpoint import OPTIMIZER_STATE_NAMES, held_rows, row_blocks, rows_sharded_tensor
+from .checkpoint import OPTIMIZER_STATE_NAMES, held_rows, rows_sharded_tensor
 from .types import FrugalTable
 
 if TYPE_CHECKING:
@@ -27,9 +27,16 @@ class FusedTableGroup(Protocol):
     table_index: Dict[str, int]
     placeholders: Dict[str, nn.Parameter]
     pg: Optional[dist.ProcessGroup]
+    checkpoint_pg: Optional[dist.ProcessGroup]
     engine: "FrugalEngine"
 
     def ensure_flushed(self) -> None: ...
+
+    def checkpoint_blocks(self, table: str) -> List[Tuple[int, int]]: ...
+
+    def own_block(self, table: str) -> Tuple[int, int]: ...
+
+    def engine_ids(self, table: str, first: int, count: int, what: str) -> torch.Tensor: ...
 
     def read(self, table: str, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -52,16 +59,18 @@ class FrugalOptimizerState:
         self._table = table
         self._column = column
 
+    def _table_spec(self) -> FrugalTable:
+        return self._group.tables[self._group.table_index[self._table]]
+
     def _num_rows(self) -> int:
-        return self._group.tables[self._group.table_index[self._table]].num_embeddings
+        return self._table_spec().table_rows
 
     def state_dict(self) -> ShardedTensor:
         g = self._group
         g.ensure_flushed()
-        n = self._num_rows()
-        off, size = row_blocks(n, dist.get_world_size(g.pg))[dist.get_rank(g.pg)]
-        _, state = g.block(self._table, off, size)
-        return rows_sharded_tensor(state[:, self._column].clone(), n, g.pg)
+        first, size = g.own_block(self._table)
+        _, state = g.block(self._table, first - self._table_spec().row_offset, size)
+        return rows_sharded_tensor(state[:, self._column].clone(), self._num_rows(), g.checkpoint_pg, g.checkpoint_blocks(self._table))
 
     def load_state_dict(self, value: Union[ShardedTensor, torch.Tensor]) -> None:
         g = self._group
@@ -71,8 +80,9 @@ class FrugalOptimizerState:
             )
         g.ensure_flushed()
         parts = []
-        for first, rows in held_rows(value, f"optimizer state {self._table}.{self.name}", g.pg):
-            ids = torch.arange(first, first + rows.shape[0])
+        what = f"optimizer state {self._table}.{self.name}"
+        for first, rows in held_rows(value, what, g.checkpoint_pg, g.checkpoint_blocks(self._table)):
+            ids = g.engine_ids(self._table, first, rows.shape[0], what)
             _, state = g.read(self._table, ids)
             state[:, self._column] = rows.reshape(-1).to(state.dtype)
             parts.append((self._table, ids, None, state))

@@ -50,15 +50,48 @@ from torchrec.distributed.types import (
 from ..config import FrugalConfig
 from ..cost_model import CACHE_RATIO_CHOICES, CostModel, PlanChoice, StepCost, Workload
 from ..profiles import HardwareProfile
-from .checkpoint import row_blocks
+from .checkpoint import row_layout
 from .embedding import FrugalEmbeddingCollectionSharder
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder
 from .patches import frugal_row_bytes
 from .plan_choice import TableCandidates, choose, hardware_profile
 from .stats import FrugalCostStats
-from .types import FRUGAL
+from .types import FRUGAL, FRUGAL_ROW_WISE
 
 logger: logging.Logger = logging.getLogger(__name__)
+
+
+def _frugal_generator(sharding_type: str, cache_ratio: Optional[float]) -> ParameterShardingGenerator:
+    """A generator of ``sharding_type`` whose shard metadata lays the rows out per node, then per
+    rank of the node (:func:`.checkpoint.row_layout`; one node for "frugal")."""
+
+    def _parameter_sharding_generator(
+        param: nn.Parameter,
+        local_size: int,
+        world_size: int,
+        device_type: str,
+        sharder: ModuleSharder[nn.Module],
+    ) -> ParameterSharding:
+        rows, cols = param.shape
+        per_node = local_size if sharding_type == FRUGAL_ROW_WISE else world_size
+        return ParameterSharding(
+            sharding_spec=EnumerableShardingSpec(
+                [
+                    ShardMetadata(
+                        shard_sizes=[size, cols],
+                        shard_offsets=[offset, 0],
+                        placement=placement(device_type, rank, local_size),
+                    )
+                    for rank, (offset, size) in enumerate(row_layout(rows, world_size, per_node))
+                ]
+            ),
+            sharding_type=sharding_type,
+            compute_kernel=EmbeddingComputeKernel.FUSED.value,
+            ranks=list(range(world_size)),
+            cache_params=CacheParams(load_factor=cache_ratio) if cache_ratio is not None else None,
+        )
+
+    return _parameter_sharding_generator
 
 
 def frugal(cache_ratio: Optional[float] = None) -> ParameterShardingGenerator:
@@ -71,33 +104,21 @@ def frugal(cache_ratio: Optional[float] = None) -> ParameterShardingGenerator:
     Args:
         cache_ratio: this table's per-rank cache ratio (default: the sharder's FrugalConfig).
     """
+    return _frugal_generator(FRUGAL, cache_ratio)
 
-    def _parameter_sharding_generator(
-        param: nn.Parameter,
-        local_size: int,
-        world_size: int,
-        device_type: str,
-        sharder: ModuleSharder[nn.Module],
-    ) -> ParameterSharding:
-        rows, cols = param.shape
-        return ParameterSharding(
-            sharding_spec=EnumerableShardingSpec(
-                [
-                    ShardMetadata(
-                        shard_sizes=[size, cols],
-                        shard_offsets=[offset, 0],
-                        placement=placement(device_type, rank, local_size),
-                    )
-                    for rank, (offset, size) in enumerate(row_blocks(rows, world_size))
-                ]
-            ),
-            sharding_type=FRUGAL,
-            compute_kernel=EmbeddingComputeKernel.FUSED.value,
-            ranks=list(range(world_size)),
-            cache_params=CacheParams(load_factor=cache_ratio) if cache_ratio is not None else None,
-        )
 
-    return _parameter_sharding_generator
+def frugal_row_wise(cache_ratio: Optional[float] = None) -> ParameterShardingGenerator:
+    """A ``construct_module_sharding_plan`` generator putting a table on "frugal_row_wise": one row
+    block per node (``local_size`` ranks each), served inside the node by a Frugal engine.
+
+    Example::
+
+        plan = construct_module_sharding_plan(ebc, {"t0": frugal_row_wise()}, sharder=sharder, local_size=2)
+
+    Args:
+        cache_ratio: per-rank cache ratio of the node's block (default: the sharder's FrugalConfig).
+    """
+    return _frugal_generator(FRUGAL_ROW_WISE, cache_ratio)
 
 
 class FrugalShardingPlanner(EmbeddingShardingPlanner):

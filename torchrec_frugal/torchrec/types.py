@@ -17,6 +17,13 @@ from ..config import OptimizerSpec
 FRUGAL = "frugal"
 """The sharding-type string of ``ParameterSharding.sharding_type`` for Frugal tables."""
 
+FRUGAL_ROW_WISE = "frugal_row_wise"
+"""Frugal inside each node, TorchRec's row-wise sharding across nodes: a table's rows split into
+one block per node, each node's block served to the node's ranks by a Frugal engine."""
+
+FRUGAL_TYPES = (FRUGAL, FRUGAL_ROW_WISE)
+"""The sharding types whose tables Frugal engines serve."""
+
 OPTIMIZER_KINDS: Dict[EmbOptimType, str] = {
     EmbOptimType.EXACT_SGD: "sgd",
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad",
@@ -37,3 +44,10 @@ class FrugalTable:
     optimizer: OptimizerSpec
     cache_ratio: float
     presample_counts: Optional[torch.Tensor]
+    row_offset: int = 0  # the table's first row this engine holds (frugal_row_wise: its node's block)
+    total_rows: Optional[int] = None  # rows of the whole table (None: num_embeddings, all of it)
+
+    @property
+    def table_rows(self) -> int:
+        """Rows of the whole table (across nodes)."""
+        return self.num_embeddings if self.total_rows is None else self.total_rows

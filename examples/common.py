@@ -150,7 +150,9 @@ def shard_plan(
 
     torchrec: ``stock_sharder()`` under TorchRec's planner, every table of ``tables`` on ``--sharding``.
     frugal: ``frugal_sharder(config)`` under FrugalShardingPlanner, which sizes the caches (at most
-    ``--cache-ratio`` per rank, less if device memory is short). With ``--hardware`` the planner
+    ``--cache-ratio`` per rank, less if device memory is short); on several nodes (LOCAL_WORLD_SIZE
+    below the world size) it puts the tables on frugal_row_wise, as ``--sharding frugal_row_wise``
+    asks explicitly. With ``--hardware`` the planner
     chooses each table's sharding, the cache ratio and L by the cost model; the chosen L (0 when no
     table went frugal) is written back to ``args.lookahead`` so that the train pipeline runs the
     window the engines use;
@@ -160,14 +162,25 @@ def shard_plan(
     world = dist.get_world_size(pg)
     topo = topology(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device)
     if args.sharder == "frugal":
-        from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+        from torchrec_frugal.torchrec import FRUGAL_ROW_WISE, FrugalShardingPlanner
 
         config = frugal_config(args)
         sharder = frugal_sharder(config)
         hardware = args.hardware
         if hardware is not None and batch_per_rank is None:
             raise ValueError("shard_plan: --hardware needs the batch per rank the cost model prices")
-        planner: Any = FrugalShardingPlanner(topology=topo, config=config, hardware=hardware, batch_size=batch_per_rank)
+        constraints = None
+        if getattr(args, "sharding", None) == FRUGAL_ROW_WISE:
+            if topo.local_world_size == world:
+                raise SystemExit(
+                    f"--sharding {FRUGAL_ROW_WISE} splits tables over nodes, but all {world} ranks run on one node "
+                    "(LOCAL_WORLD_SIZE): launch one torchrun per node (--nnodes), or use --sharder frugal"
+                )
+            constraints = {t: ParameterConstraints(sharding_types=[FRUGAL_ROW_WISE]) for t in tables}
+            args.lookahead = 0  # its engines run write-through: no lookahead across nodes yet
+        planner: Any = FrugalShardingPlanner(
+            topology=topo, config=config, hardware=hardware, batch_size=batch_per_rank, constraints=constraints
+        )
         plan = planner.collective_plan(model, [sharder], pg)
         if hardware is not None:  # the chosen L (none: the plan has no frugal table, nothing to read ahead for)
             args.lookahead = planner.lookahead if planner.lookahead is not None else 0
@@ -185,13 +198,13 @@ def plan_shardings(plan: ShardingPlan) -> Dict[str, str]:
 def planned_cache_ratio(plan: ShardingPlan) -> Optional[float]:
     """The smallest cache ratio the plan gives a frugal table (None without one): read from the
     plan itself, which rank 0 made and broadcast."""
-    from torchrec_frugal.torchrec import FRUGAL
+    from torchrec_frugal.torchrec.types import FRUGAL_TYPES
 
     ratios = {
         ps.cache_params.load_factor
         for module_plan in plan.plan.values()
         for ps in module_plan.values()  # type: ignore[attr-defined]
-        if ps.sharding_type == FRUGAL and ps.cache_params is not None
+        if ps.sharding_type in FRUGAL_TYPES and ps.cache_params is not None
     }
     return min(ratios) if ratios else None
 

@@ -136,6 +136,81 @@ def run_train(
     return summary
 
 
+def run_train_nodes(
+    train_py: Path,
+    args: Sequence[str],
+    nodes: int = 2,
+    nproc: int = 2,
+    threads: Optional[int] = None,
+    timeout_s: float = 900.0,
+) -> Dict[str, Any]:
+    """``nodes`` torchrun launches of ``train.py *args`` on this machine, as on ``nodes`` machines:
+    ``--nnodes`` with a static rendezvous on 127.0.0.1, ``nproc`` ranks each, and a shared-memory
+    directory per node (TORCHREC_FRUGAL_SHM_DIR), which must be empty afterwards. Returns the
+    summary JSON plus ``wall_s``; raises TrainRunError with the end of a failed node's output."""
+    from torchrec_frugal.test_utils import free_port
+
+    train_py = Path(train_py)
+    user_args = list(args) + (["--threads", str(threads)] if threads is not None else [])
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="frugal_nodes_") as tmp:
+        summary_path = Path(tmp) / "summary.json"
+        procs, logs = [], []
+        t0 = time.perf_counter()
+        for k in range(nodes):
+            shm_dir = Path(tmp) / f"node{k}"
+            shm_dir.mkdir()
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node-rank={k}",
+                f"--nproc_per_node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                str(train_py), *user_args, "--summary", str(summary_path), "--no-progress",
+            ]  # fmt: skip
+            env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", TORCHREC_FRUGAL_SHM_DIR=str(shm_dir))
+            if threads is not None:
+                env["OMP_NUM_THREADS"] = str(threads)
+            log = open(Path(tmp) / f"node{k}.log", "w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(cmd, cwd=train_py.parents[2], env=env, stdout=log, stderr=subprocess.STDOUT))
+        failed = None
+        try:
+            deadline = time.monotonic() + timeout_s
+            for k, proc in enumerate(procs):
+                try:
+                    rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    rc = None
+                if rc != 0 and failed is None:
+                    failed = (k, "timed out" if rc is None else f"exit code {rc}")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+        wall = time.perf_counter() - t0
+        if failed is not None or not summary_path.is_file():
+            k, why = failed or (0, "no summary")
+            logs[k].seek(0)
+            raise TrainRunError(f"node {k} of {nodes}: {why}: {shlex.join(map(str, args))}\n...{logs[k].read()[-6000:]}")
+        for log in logs:
+            log.close()
+        left = [str(f.relative_to(tmp)) for k in range(nodes) for f in (Path(tmp) / f"node{k}").iterdir()]
+        if left:
+            raise TrainRunError(f"the nodes left shared memory behind: {left}")
+        summary = json.loads(summary_path.read_text())
+    summary["wall_s"] = wall
+    rel = os.path.relpath(train_py, train_py.parents[2])
+    summary["command"] = (f"OMP_NUM_THREADS={threads} " if threads is not None else "") + " & ".join(
+        shlex.join(["torchrun", f"--nnodes={nodes}", f"--node-rank={k}", f"--nproc_per_node={nproc}",
+                    "--master-addr=127.0.0.1", "--master-port=PORT", rel, *user_args])
+        for k in range(nodes)
+    )  # fmt: skip
+    return summary
+
+
 def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 

@@ -119,3 +119,29 @@ def test_the_cost_model_plans_the_run_and_the_pipeline_follows_its_lookahead(tmp
             assert plan["cache_ratio"] in CACHE_RATIO_CHOICES and s["frugal"]["planned_cache_ratio"] == plan["cache_ratio"]
         else:
             assert plan["lookahead"] == 0 and plan["cache_ratio"] is None and s["frugal"] is None
+
+
+def test_two_nodes_train_frugal_row_wise_like_stock_row_wise():
+    """Two torchrun launches (--nnodes 2, 2 ranks each) train the DLRM example with
+    --sharding frugal_row_wise and with stock row_wise; both learn alike (their tables start from
+    different initial values: the engines' and FBGEMM's), and no node leaves shared memory behind."""
+    from examples.demo import run_train_nodes
+
+    train_py = os.path.join(ROOT, "examples", "dlrm", "train.py")
+    same = TINY + ["--steps", "60", "--auc-window", "20", "--count-comm"]
+    runs = {
+        name: run_train_nodes(train_py, same + flags, nodes=2, nproc=2, timeout_s=300)
+        for name, flags in {"frugal_row_wise": ["--sharding", "frugal_row_wise"],
+                            "row_wise": ["--sharder", "torchrec", "--sharding", "row_wise"]}.items()
+    }  # fmt: skip
+    f, r = runs["frugal_row_wise"], runs["row_wise"]
+    assert f["world_size"] == r["world_size"] == 4 and f["sharding"] == "frugal_row_wise"
+    assert set(f["plan"]["shardings"].values()) == {"frugal_row_wise"} and f["lookahead"] == 0
+    assert f["frugal"]["rows_flushed"] > 0 and 0.0 < f["frugal"]["cache_hit_ratio"] < 1.0
+    assert abs(f["auc"] - r["auc"]) < 0.01 and abs(f["loss"] - r["loss"]) < 0.01, (f["auc"], r["auc"], f["loss"], r["loss"])
+    assert f["auc"] > 0.6
+    # what crosses nodes: frugal_row_wise sends ids and pooled sums to the other node only;
+    # row_wise also to the other rank of the same node
+    fc, rc = f["comm"], r["comm"]
+    assert fc["bytes_within_node_per_step"] == 0 and rc["bytes_within_node_per_step"] > 0
+    assert 0 < fc["bytes_between_nodes_per_step"] <= rc["bytes_between_nodes_per_step"]

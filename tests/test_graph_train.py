@@ -16,7 +16,7 @@ import torch
 
 from examples.graph.evaluate import published_range
 from examples.graph.models import KGEConfig, seeded_uniform_
-from examples.demo import run_train
+from examples.demo import run_train, run_train_nodes
 
 TRAIN_PY = Path(__file__).resolve().parents[1] / "examples" / "graph" / "train.py"
 SYNTHETIC = [
@@ -35,9 +35,14 @@ def initial_tables() -> Dict[str, torch.Tensor]:
     }
 
 
-def train(args: List[str], nproc: int, tmp: Path, name: str) -> Dict:
+def train(args: List[str], nproc: int, tmp: Path, name: str, nodes: int = 1) -> Dict:
+    """One run on ``nproc`` ranks, or on ``nodes`` torchrun launches of ``nproc`` ranks each."""
     tables = tmp / f"{name}.pt"
-    summary = run_train(TRAIN_PY, args + ["--save-entities", str(tables)], nproc=nproc, threads=1, timeout_s=600)
+    args = args + ["--save-entities", str(tables)]
+    if nodes > 1:
+        summary = run_train_nodes(TRAIN_PY, args, nodes=nodes, nproc=nproc, threads=1, timeout_s=600)
+    else:
+        summary = run_train(TRAIN_PY, args, nproc=nproc, threads=1, timeout_s=600)
     summary["tables"] = torch.load(tables)
     return summary
 
@@ -49,10 +54,24 @@ def synthetic_runs(tmp_path_factory) -> Dict[str, Dict]:
         "single": train(SYNTHETIC + ["--sharder", "torchrec"], 1, tmp, "single"),
         "frugal": train(SYNTHETIC + ["--sharder", "frugal", "--cache-ratio", "0.05", "--lookahead", "4"], 2, tmp, "frugal"),
         "table_wise": train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "table_wise"], 2, tmp, "table_wise"),
+        "row_wise": train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "row_wise"], 2, tmp, "row_wise"),
+        # two machines of one rank each, as two torchrun --nnodes launches
+        "frugal_row_wise": train(SYNTHETIC + ["--sharding", "frugal_row_wise"], 1, tmp, "frugal_row_wise", nodes=2),
     }
 
 
-@pytest.mark.parametrize("run", ["frugal", "table_wise"])
+def test_two_nodes_with_frugal_row_wise_train_stock_row_wise_tables(synthetic_runs) -> None:
+    """frugal_row_wise on 2 nodes of 1 rank against stock row_wise on 2 ranks, which splits the
+    entity table the same way: the same tables, to float rounding."""
+    f, r = synthetic_runs["frugal_row_wise"], synthetic_runs["row_wise"]
+    assert f["world_size"] == r["world_size"] == 2 and f["sharding"] == "frugal_row_wise"
+    for key in ("entities", "relations"):
+        assert (r["tables"][key] - f["tables"][key]).abs().max() < 1e-3 < (r["tables"][key] - initial_tables()[key]).abs().max()
+        torch.testing.assert_close(f["tables"][key], r["tables"][key], rtol=1e-4, atol=1e-5, msg=key)
+    assert abs(f["mrr"] - r["mrr"]) < 1e-3 and abs(f["loss"] - r["loss"]) < 1e-3
+
+
+@pytest.mark.parametrize("run", ["frugal", "table_wise", "frugal_row_wise"])
 def test_two_ranks_train_the_single_process_tables(synthetic_runs, run: str) -> None:
     one, two = synthetic_runs["single"], synthetic_runs[run]
     assert two["world_size"] == 2 and one["world_size"] == 1 and two["steps"] == one["steps"] == 200

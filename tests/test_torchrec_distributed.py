@@ -200,7 +200,8 @@ def build(
 ) -> Tuple[nn.Module, Any, str]:
     """A DMP-wrapped model on ``device``, its CombinedOptimizer, and the key prefix of its embedding tables.
 
-    sharding: "frugal" (FrugalShardingPlanner), "default" (DistributedModelParallel's own planner
+    sharding: "frugal" (FrugalShardingPlanner), "frugal_nodes" (FrugalShardingPlanner on a topology
+    of LOCAL_WORLD_SIZE ranks per node), "default" (DistributedModelParallel's own planner
     given the frugal sharder), "mixed" (FrugalShardingPlanner, half the tables constrained to
     table_wise), "frugal_two_groups" (FrugalShardingPlanner, t0 with its own cache ratio, hence
     its own engine), or through construct_module_sharding_plan a stock type ("table_wise", "row_wise")
@@ -267,11 +268,13 @@ def build(
     names = [t[0] for t in VARIANT_TABLES] if "variants" in model_kind else [f"t{t}" for t in range(n)]
 
     env = ShardingEnv.from_process_group(dist.GroupMember.WORLD)
-    topology = Topology(world_size=world, compute_device=device.type, local_world_size=world)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if sharding == "frugal_nodes" else world
+    topology = Topology(world_size=world, compute_device=device.type, local_world_size=local)
     plan: Optional[ShardingPlan]
-    if sharding in ("frugal", "mixed", "frugal_two_groups"):
+    if sharding in ("frugal", "frugal_nodes", "mixed", "frugal_two_groups"):
         constraints = {
             "frugal": None,
+            "frugal_nodes": None,
             "mixed": {f"t{t}": ParameterConstraints(sharding_types=["table_wise"]) for t in range(n // 2, n)},
             "frugal_two_groups": {
                 "t0": ParameterConstraints(sharding_types=[FRUGAL], cache_params=CacheParams(load_factor=0.01))

@@ -4,7 +4,9 @@ Each node is a set of ranks with torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE and GRO
 shared-memory directory of its own (``run_ranks(..., nodes=N)``). TorchRec's DLRM with the 8
 Zipf-skewed tables of ``test_torchrec_distributed`` trains from the same initial weights under
 frugal_row_wise and under stock row_wise; each rank's loss at every step and the final tables must
-agree within 1e-4 relative (SGD and row-wise Adagrad, plain loop and train pipeline), and the
+agree within 1e-4 relative (SGD and row-wise Adagrad, plain loop and train pipeline, and an
+EmbeddingCollection model), FrugalShardingPlanner must choose frugal_row_wise on a topology of
+nodes, and the
 checkpoint of frugal_row_wise must load into a fresh model and continue bit for bit. The plain
 "frugal" sharding, which keeps a table in one node's shared memory, must refuse to span nodes.
 """
@@ -33,14 +35,17 @@ from test_torchrec_distributed import (
 from torchrec_frugal.test_utils import run_ranks
 
 STEPS = 60
-RUNS = [("sgd", None), ("adagrad", None), ("adagrad", "pipeline")]
+# (optimizer, pipeline, model): DLRM's EmbeddingBagCollection, or an EmbeddingCollection ("ec")
+RUNS = [("sgd", None, "dlrm"), ("adagrad", None, "dlrm"), ("adagrad", "pipeline", "dlrm"), ("adagrad", None, "ec")]
+RUN_IDS = [f"{opt}/{pipe}/{model}" for opt, pipe, model in RUNS]
 
 
-def _training_pair(world: int, opt: str, pipeline: Any) -> Dict[str, Dict[str, Any]]:
+def _training_pair(world: int, opt: str, pipeline: Any, model: str) -> Dict[str, Dict[str, Any]]:
     out = {}
+    rows = TABLE_ROWS[::2] if model == "ec" else TABLE_ROWS
     for sharding in ("frugal_row_wise", "row_wise"):
         pipe = None if pipeline is None else ("frugal" if sharding == "frugal_row_wise" else "sparse_dist")
-        out[sharding] = run_training(world, sharding, opt, pipeline=pipe, steps=STEPS)
+        out[sharding] = run_training(world, sharding, opt, pipeline=pipe, model_kind=model, table_rows=rows, steps=STEPS)
     return out
 
 
@@ -80,7 +85,8 @@ def _refuses_frugal_across_nodes(world: int) -> str:
 
 def _node_scenarios(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
     torch.set_num_threads(1)
-    out: Dict[str, Any] = {"runs": {f"{opt}/{p}": _training_pair(world, opt, p) for opt, p in RUNS}}
+    out: Dict[str, Any] = {"runs": {i: _training_pair(world, *r) for i, r in zip(RUN_IDS, RUNS)}}
+    out["planned"] = run_training(world, "frugal_nodes", "adagrad", steps=STEPS)
     out["engine_ranks"] = [g.engine.world_size for lookup in frugal_lookups(build(world, "frugal_row_wise", "sgd")[0])
                            for g in lookup.groups]  # fmt: skip
     out["checkpoint"] = _checkpoint(world, ckpt_dir)
@@ -95,16 +101,27 @@ def nodes(request: Any) -> List[Dict[str, Any]]:
         return run_ranks(world, _node_scenarios, ckpt_dir, nodes=n, timeout=1200)
 
 
-@pytest.mark.parametrize("run", [f"{opt}/{p}" for opt, p in RUNS])
+@pytest.mark.parametrize("run", RUN_IDS)
 def test_frugal_row_wise_matches_stock_row_wise(nodes: List[Dict[str, Any]], run: str) -> None:
     for rank, r in enumerate(nodes):
         frugal, stock = r["runs"][run]["frugal_row_wise"], r["runs"][run]["row_wise"]
-        assert frugal["types"] == {f"t{t}": "frugal_row_wise" for t in range(len(TABLE_ROWS))}
+        assert set(frugal["types"].values()) == {"frugal_row_wise"} and frugal["types"].keys() == stock["types"].keys()
         assert len(frugal["losses"]) == STEPS
         np.testing.assert_allclose(frugal["losses"], stock["losses"], rtol=REL_TOL, err_msg=f"rank {rank}")
     r0 = nodes[0]["runs"][run]
     for t, (a, b) in enumerate(zip(r0["frugal_row_wise"]["tables"], r0["row_wise"]["tables"])):
         np.testing.assert_allclose(a, b, rtol=REL_TOL, atol=1e-6, err_msg=f"table t{t}")
+
+
+def test_the_planner_puts_tables_on_frugal_row_wise_across_nodes(nodes: List[Dict[str, Any]]) -> None:
+    """FrugalShardingPlanner on a topology of 2 nodes plans frugal_row_wise for every table, and
+    that plan trains exactly as the hand-made one."""
+    for r in nodes:
+        planned, hand = r["planned"], r["runs"]["adagrad/None/dlrm"]["frugal_row_wise"]
+        assert planned["types"] == hand["types"]
+        assert np.array_equal(planned["losses"], hand["losses"])
+    for a, b in zip(nodes[0]["planned"]["tables"], nodes[0]["runs"]["adagrad/None/dlrm"]["frugal_row_wise"]["tables"]):
+        assert np.array_equal(a, b)
 
 
 def test_each_engine_serves_one_node(nodes: List[Dict[str, Any]]) -> None:

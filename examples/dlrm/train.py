@@ -61,6 +61,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_frugal import FrugalConfig
 
 from examples import checkpointing
+from examples.comm_counter import CommCounter
 from examples.common import (
     SHARDERS,
     FrugalStats,
@@ -89,7 +90,13 @@ from examples.dlrm.data import (
 
 # What a checkpoint keeps of the metrics, per rank: the loss, logit and label windows and the first window.
 METRIC_BUFFERS = ("losses", "logits", "labels", "first_logits", "first_labels")
-STOCK_SHARDINGS = (ShardingType.TABLE_WISE.value, ShardingType.ROW_WISE.value, ShardingType.DATA_PARALLEL.value)
+STOCK_SHARDINGS = (
+    ShardingType.TABLE_WISE.value,
+    ShardingType.ROW_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+    ShardingType.DATA_PARALLEL.value,
+)
+FRUGAL_ROW_WISE = "frugal_row_wise"  # Frugal inside each node, row_wise across nodes (frugal sharder)
 
 
 # ---------------------------------------------------------------------------- models
@@ -138,12 +145,14 @@ def build_model(cfg: RunConfig, rows: Sequence[int], device: torch.device) -> DL
 
 # ---------------------------------------------------------------------------- sharders
 class StockSharder(EmbeddingBagCollectionSharder):
-    """TorchRec's sharder, offering row_wise on CPU too (the stock one offers it on CUDA only)."""
+    """TorchRec's sharder, offering row_wise and table_row_wise on CPU too (the stock one offers
+    them on CUDA only; they train on CPU over gloo)."""
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
         types = super().sharding_types(compute_device_type)
-        if ShardingType.ROW_WISE.value not in types:
-            types.append(ShardingType.ROW_WISE.value)
+        for t in (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value):
+            if t not in types:
+                types.append(t)
         return types
 
 
@@ -199,7 +208,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=300, help="training steps per rank (bounds the run)")
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: min(20, steps // 5))")
     p.add_argument("--sharder", choices=SHARDERS, default="torchrec")
-    p.add_argument("--sharding", choices=STOCK_SHARDINGS, default="table_wise", help="torchrec: sharding of every table")
+    p.add_argument("--sharding", choices=STOCK_SHARDINGS + (FRUGAL_ROW_WISE,), default="table_wise",
+                   help="torchrec: sharding of every table; frugal_row_wise (implies --sharder frugal): every table "
+                        "in one row block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
     p.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm")
     p.add_argument("--embedding-lr", type=float, default=0.05)
     p.add_argument("--dense-lr", type=float, default=0.005)
@@ -215,8 +226,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
     p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--count-comm", action="store_true",
+                   help="count the bytes the embedding collectives send between nodes and within a node (summary 'comm')")  # fmt: skip
     checkpointing.add_arguments(p)
     args = p.parse_args(argv)
+    if args.sharding == FRUGAL_ROW_WISE:
+        args.sharder = "frugal"
     if args.data != "synthetic" and not args.data_path:
         p.error(f"--data {args.data} needs --data-path")
     check_steps(p, args)
@@ -306,6 +321,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if bar is not None:
         bar.update(start)
     kill_at = checkpointing.kill_step(rank)
+    comm = CommCounter(local_world) if args.count_comm else None
+    if comm is not None:
+        comm.install()
 
     dist.barrier()
     t_start = t_last = time.perf_counter()
@@ -327,6 +345,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             gate_before = stats.gate_wait_s
             exchange_before = stats.exchange_wait_s
             phase_before = dict(stats.phase_s)
+            if comm is not None:
+                comm.reset()
         try:
             loss, logits, labels = pipeline.progress(batches)
         except StopIteration:
@@ -383,6 +403,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         raise RuntimeError(f"the data ran out after {steps_done} of {args.steps} steps")
 
     # ----- summary (collective)
+    if comm is not None:
+        comm.uninstall()
     timed_steps = steps_done - timed_from
     ckpt_timed_s = ckpt.seconds - (ckpt_s_before_timing if t_timed is not None else 0.0)
     elapsed = torch.tensor([t_end - (t_timed if t_timed is not None else t_start) - ckpt_timed_s], dtype=torch.float64)
@@ -400,7 +422,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     auc_first = _auc(gather_cat(torch.cat(first), device), gather_cat(torch.cat(first_lab), device))
     summary: Dict[str, Any] = {
         "sharder": args.sharder,
-        "sharding": args.sharding if args.sharder == "torchrec" else "frugal",
+        "sharding": args.sharding if args.sharder == "torchrec" or args.sharding == FRUGAL_ROW_WISE else "frugal",
         "config": cfg.dataset.name,
         "model": cfg.model.kind,
         "scale": cfg.effective_scale,
@@ -431,7 +453,15 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "plan": {"shardings": plan_shardings(plan), "hardware": args.hardware, "lookahead": args.lookahead,
                  "cache_ratio": planned_cache_ratio(plan)} if args.sharder == "frugal" else None,
         "frugal": None,
+        "comm": None,
     }
+    if comm is not None:
+        sent = gather_cat(torch.tensor([comm.between_nodes, comm.within_node], dtype=torch.float64), device).reshape(world, 2)
+        summary["comm"] = {  # payloads of the embedding collectives, all ranks together, per timed step
+            "bytes_between_nodes_per_step": float(sent[:, 0].sum()) / max(1, timed_steps),
+            "bytes_within_node_per_step": float(sent[:, 1].sum()) / max(1, timed_steps),
+            "ranks_per_node": local_world,
+        }
     if stats.engines:
         agg = gather_cat(
             torch.tensor([stats.lookups, stats.cache_hits, stats.rows_flushed, stats.bytes_flushed], dtype=torch.float64),

@@ -135,9 +135,14 @@ def entity_state(dmp: nn.Module) -> Any:
 
 
 def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int) -> None:
-    """Give stock-sharded entity shards the sharding-independent init (Frugal's engine already
-    called the table's ``init_fn`` on the whole table; stock fused kernels draw their own)."""
-    value = entity_state(dmp)
+    """Give a sharded entity table the sharding-independent init: stock fused kernels draw their
+    own, and a frugal_row_wise engine calls the table's ``init_fn`` on its node's block alone (as
+    TorchRec does per shard); only a frugal engine over one node initializes the whole table.
+    Frugal tables load the values through their engines (``load_state_dict``), which keeps their
+    caches equal to host memory."""
+    state = dmp.state_dict()
+    key = next(k for k in state if k.endswith(f"embeddings.{ENTITY_TABLE}.weight"))
+    value = state[key]
     if isinstance(value, ShardedTensor):
         for s in value.local_shards():
             r0, c0 = (int(x) for x in s.metadata.shard_offsets)
@@ -147,6 +152,7 @@ def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int) -> None:
                 s.tensor.copy_(full[:, c0 : c0 + cols])
     else:  # data_parallel: a replicated tensor
         seeded_uniform_(value, cfg.init_bound, seed)
+    dmp.load_state_dict({key: value}, strict=False)
 
 
 def full_entity_table(dmp: nn.Module) -> torch.Tensor:
@@ -222,7 +228,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: min(20, steps // 5))")
     p.add_argument("--sharder", choices=SHARDERS, default="frugal")
-    p.add_argument("--sharding", choices=STOCK_SHARDINGS, default="table_wise", help="torchrec: sharding of the entity table")
+    p.add_argument("--sharding", choices=STOCK_SHARDINGS + ("frugal_row_wise",), default="table_wise",
+                   help="torchrec: sharding of the entity table; frugal_row_wise (implies --sharder frugal): one row "
+                        "block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
     p.add_argument("--cache-ratio", type=float, default=0.05, help="frugal: entity rows cached per rank")
     p.add_argument("--lookahead", type=int, default=10, help="frugal: lookahead window L")
     add_frugal_arguments(p)
@@ -238,6 +246,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true")
     checkpointing.add_arguments(p)
     args = p.parse_args(argv)
+    if args.sharding == "frugal_row_wise":
+        args.sharder = "frugal"
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
     if args.dataset == "tsv" and not args.data_path:
@@ -296,7 +306,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     t_setup = time.perf_counter()
     model = KGEModel(entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device)
     dmp, plan_info = shard(args, model, sampler, rank, device)
-    if args.sharder == "torchrec":
+    if args.sharder == "torchrec" or plan_info["sharding"] == "frugal_row_wise":
         seed_entity_table(dmp, cfg, args.seed)
     opt = combined_optimizer(dmp, lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr))
     losses: List[torch.Tensor] = []

@@ -25,6 +25,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
 from .embedding_types import FrugalShardedModuleMixin, FrugalSharderMixin, customized_kernel_for_frugal
+from .frugal_row_wise_sharding import FrugalRowWiseSequenceEmbeddingSharding
 from .frugal_sharding import FrugalSequenceEmbeddingSharding
 from .types import FRUGAL_TYPES
 
@@ -42,6 +43,7 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
 
     _frugal_weight_prefix = "embeddings."
     _frugal_sharding_type = FrugalSequenceEmbeddingSharding
+    _frugal_row_wise_sharding_type = FrugalRowWiseSequenceEmbeddingSharding
 
     def __init__(
         self,

@@ -25,11 +25,12 @@ from ..errors import FrugalInputError
 from .checkpoint import held_rows, rows_sharded_tensor
 from .embedding_lookup import FrugalEmbeddingLookup
 from .frugal_sharding import FrugalEmbeddingSharding
+from .node_groups import local_world_size
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
 
 class FrugalSharderMixin:
-    """What the frugal sharders add to TorchRec's: the "frugal" type, its kernel, the engines' config.
+    """What the frugal sharders add to TorchRec's: the frugal types, their kernel, the engines' config.
 
     Put before TorchRec's sharder class; ``_stock_sharding_types`` are the other types offered.
     """
@@ -49,10 +50,13 @@ class FrugalSharderMixin:
         return {"config": self._config, "presample_counts": self._presample_counts}
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
-        return [FRUGAL] + self._stock_sharding_types
+        """"frugal", then "frugal_row_wise" when the job spans nodes (LOCAL_WORLD_SIZE below the
+        world size: one node's shared memory cannot serve a frugal table to all), then the stock types."""
+        spans_nodes = dist.is_initialized() and local_world_size(dist.get_world_size()) < dist.get_world_size()
+        return [FRUGAL] + ([FRUGAL_ROW_WISE] if spans_nodes else []) + self._stock_sharding_types
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
-        if sharding_type == FRUGAL:
+        if sharding_type in FRUGAL_TYPES:
             return [EmbeddingComputeKernel.FUSED.value]
         return super().compute_kernels(sharding_type, compute_device_type)  # type: ignore[misc]
 

@@ -31,7 +31,9 @@ from torchrec.distributed.embedding_sharding import (
     EmbeddingShardingInfo,
 )
 from torchrec.distributed.embedding_types import BaseGroupedFeatureProcessor
+from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingDist
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist, RwSparseFeaturesDist
+from torchrec.distributed.sharding.sequence_sharding import SequenceShardingContext
 from torchrec.distributed.types import ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -39,12 +41,13 @@ from ..config import FrugalConfig
 from ..errors import FrugalError
 from .checkpoint import row_blocks
 from .embedding_lookup import FrugalEmbeddingLookup
-from .frugal_sharding import FrugalPooledEmbeddingSharding
+from .frugal_sharding import C, FrugalEmbeddingSharding
 from .node_groups import NodeGroups, node_groups
 
 
-class FrugalRowWisePooledEmbeddingSharding(FrugalPooledEmbeddingSharding):
-    """frugal_row_wise sharding of EmbeddingBagCollection tables (pooled output)."""
+class FrugalRowWiseEmbeddingSharding(FrugalEmbeddingSharding[C]):
+    """frugal_row_wise sharding of the tables of one sharded module; the variants below differ
+    in their output (pooled sums reduce-scattered, or one embedding per id sent back)."""
 
     def __init__(
         self,
@@ -80,7 +83,7 @@ class FrugalRowWisePooledEmbeddingSharding(FrugalPooledEmbeddingSharding):
             num_features=len(self.feature_names()),
             feature_hash_sizes=[t.table_rows for t in self._tables for _ in t.feature_names],
             device=device if device is not None else self._device,
-            is_sequence=False,
+            is_sequence=not self.pooled,
             has_feature_processor=False,
         )
 
@@ -94,7 +97,7 @@ class FrugalRowWisePooledEmbeddingSharding(FrugalPooledEmbeddingSharding):
             raise NotImplementedError("frugal_row_wise sharding does not support feature processors")
         return FrugalEmbeddingLookup(
             self._tables,
-            pooled=True,
+            pooled=self.pooled,
             config=replace(self._config, lookahead=0),
             pg=self._nodes.intra,
             device=device if device is not None else self._device,
@@ -102,7 +105,27 @@ class FrugalRowWisePooledEmbeddingSharding(FrugalPooledEmbeddingSharding):
             reads_ahead=False,
         )
 
+class FrugalRowWisePooledEmbeddingSharding(FrugalRowWiseEmbeddingSharding[EmbeddingShardingContext]):
+    """frugal_row_wise sharding of EmbeddingBagCollection tables: partial pooled sums per node,
+    reduce-scattered over the cross-node group (TorchRec's RwPooledEmbeddingDist)."""
+
+    pooled = True
+
     def create_output_dist(
         self, device: Optional[torch.device] = None
     ) -> BaseEmbeddingDist[EmbeddingShardingContext, torch.Tensor, torch.Tensor]:
         return RwPooledEmbeddingDist(self._nodes.cross, embedding_dims=self.embedding_dims())
+
+
+class FrugalRowWiseSequenceEmbeddingSharding(FrugalRowWiseEmbeddingSharding[SequenceShardingContext]):
+    """frugal_row_wise sharding of EmbeddingCollection tables: one embedding per id, sent back over
+    the cross-node group and put in input order (TorchRec's RwSequenceEmbeddingDist)."""
+
+    pooled = False
+
+    def create_output_dist(
+        self, device: Optional[torch.device] = None
+    ) -> BaseEmbeddingDist[SequenceShardingContext, torch.Tensor, torch.Tensor]:
+        return RwSequenceEmbeddingDist(
+            self._nodes.cross, len(self.feature_names()), device if device is not None else self._device
+        )

@@ -37,7 +37,8 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from ..config import FrugalConfig, OptimizerSpec
 from ..optimizers import state_width
-from .types import FRUGAL, OPTIMIZER_KINDS
+from .checkpoint import row_layout
+from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES, OPTIMIZER_KINDS
 
 
 @dataclass(frozen=True)
@@ -178,11 +179,17 @@ def source_sha256(fn: Callable[..., Any]) -> str:
 def _calculate_shard_sizes_and_offsets(original: Callable[..., Any]) -> Callable[..., Any]:
     def calculate_shard_sizes_and_offsets(*args: Any, **kwargs: Any) -> Tuple[List[List[int]], List[List[int]]]:
         bound = inspect.signature(original).bind(*args, **kwargs)
-        if bound.arguments["sharding_type"] == FRUGAL:
+        a = bound.arguments
+        if a["sharding_type"] == FRUGAL_ROW_WISE:
+            # One block per node, each split over the node's ranks: checkpoint.row_layout.
+            rows, cols = a["tensor"].shape
+            layout = row_layout(rows, a["world_size"], a["local_world_size"])
+            return [[size, cols] for _, size in layout], [[off, 0] for off, _ in layout]
+        if a["sharding_type"] == FRUGAL:
             # Plain ceil-sized blocks, the layout of torchrec_frugal.torchrec.checkpoint.row_blocks.
-            bound.arguments["sharding_type"] = ShardingType.ROW_WISE.value
-            bound.arguments.pop("num_buckets", None)
-            bound.arguments.pop("device_memory_sizes", None)
+            a["sharding_type"] = ShardingType.ROW_WISE.value
+            a.pop("num_buckets", None)
+            a.pop("device_memory_sizes", None)
         return original(*bound.args, **bound.kwargs)
 
     return calculate_shard_sizes_and_offsets
@@ -190,7 +197,7 @@ def _calculate_shard_sizes_and_offsets(original: Callable[..., Any]) -> Callable
 
 def _get_partition_by_type(original: Callable[[str], str]) -> Callable[[str], str]:
     def get_partition_by_type(sharding_type: str) -> str:
-        if sharding_type == FRUGAL:
+        if sharding_type in FRUGAL_TYPES:
             return PartitionByType.UNIFORM.value
         return original(sharding_type)
 
@@ -211,13 +218,13 @@ def frugal_row_bytes(embedding_dim: int, element_size: int, fused_params: Dict[s
 def _calculate_shard_storages(original: Callable[..., List[Storage]]) -> Callable[..., List[Storage]]:
     def calculate_shard_storages(*args: Any, **kwargs: Any) -> List[Storage]:
         bound = inspect.signature(original).bind(*args, **kwargs)
-        if bound.arguments["sharding_type"] != FRUGAL:
+        if bound.arguments["sharding_type"] not in FRUGAL_TYPES:
             return original(*bound.args, **bound.kwargs)
         bound.apply_defaults()
         a = bound.arguments
         tensor = a["tensor"]
         input_sizes, output_sizes = shard_estimators._calculate_shard_io_sizes(
-            sharding_type=FRUGAL,
+            sharding_type=a["sharding_type"],
             batch_sizes=a["batch_sizes"],
             world_size=a["world_size"],
             local_world_size=a["local_world_size"],
@@ -249,6 +256,9 @@ def _calculate_shard_io_sizes(original: Callable[..., Tuple[List[int], List[int]
         if bound.arguments["sharding_type"] == FRUGAL:
             # Each rank reads its own batch and keeps its output: data_parallel's buffers.
             bound.arguments["sharding_type"] = ShardingType.DATA_PARALLEL.value
+        elif bound.arguments["sharding_type"] == FRUGAL_ROW_WISE:
+            # Ids and pooled sums cross nodes as in row_wise: its buffers.
+            bound.arguments["sharding_type"] = ShardingType.ROW_WISE.value
         return original(*bound.args, **bound.kwargs)
 
     return calculate_shard_io_sizes
@@ -258,6 +268,8 @@ def _get_sharding_type_abbr(original: Callable[[str], str]) -> Callable[[str], s
     def get_sharding_type_abbr(sharding_type: str) -> str:
         if sharding_type == FRUGAL:
             return "FR"
+        if sharding_type == FRUGAL_ROW_WISE:
+            return "FRW"
         return original(sharding_type)
 
     return get_sharding_type_abbr
@@ -411,4 +423,9 @@ def apply() -> None:
         _originals[key] = fn
         setattr(p.module, p.name, p.make(fn))
     perf_estimator.TRAINING_EVALUATORS.setdefault(FRUGAL, FrugalPerfEvaluator())
+    # Placement prices frugal_row_wise as row_wise: the same blocks and all-to-alls, over nodes
+    # (what the engines save inside a node is the cost model's, with a hardware profile).
+    perf_estimator.TRAINING_EVALUATORS.setdefault(
+        FRUGAL_ROW_WISE, perf_estimator.TRAINING_EVALUATORS[ShardingType.ROW_WISE.value]
+    )
 

@@ -56,7 +56,7 @@ from .embeddingbag import FrugalEmbeddingBagCollectionSharder
 from .patches import frugal_row_bytes
 from .plan_choice import TableCandidates, choose, hardware_profile
 from .stats import FrugalCostStats
-from .types import FRUGAL, FRUGAL_ROW_WISE
+from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -264,19 +264,40 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             sharder = by_type.get(sharder_name(type(child)))
             if sharder is None or FRUGAL not in sharder.sharding_types(self._topology.compute_device):
                 continue
+            default = self._default_type(sharder)
             for name in sharder.shardable_parameters(child):
                 c = out.get(name)
-                kind = choice.get(name, FRUGAL)
+                kind = choice.get(name, default)
                 if c is None:
                     out[name] = ParameterConstraints(sharding_types=[kind])
                 elif c.sharding_types is None:
                     out[name] = replace(c, sharding_types=[kind])
         return out
 
+    def _nodes(self) -> int:
+        return max(1, self._topology.world_size // self._topology.local_world_size)
+
+    def _default_type(self, sharder: ModuleSharder[nn.Module]) -> str:
+        """A free table's type without a hardware profile: "frugal" on one node; across nodes
+        "frugal_row_wise" (an error naming the sharder if it does not offer it)."""
+        if self._nodes() == 1:
+            return FRUGAL
+        if FRUGAL_ROW_WISE not in sharder.sharding_types(self._topology.compute_device):
+            raise NotImplementedError(
+                f"FrugalShardingPlanner: the topology spans {self._nodes()} nodes, where a frugal table needs "
+                f"{FRUGAL_ROW_WISE}, which {type(sharder).__name__} does not offer; constrain its tables to a stock type"
+            )
+        return FRUGAL_ROW_WISE
+
     def _choose(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> Dict[str, str]:
         """With a hardware profile: the cost model's sharding for each free table (else none)."""
         if self._hardware is None:
             return {}
+        if self._nodes() > 1:
+            raise NotImplementedError(
+                f"FrugalShardingPlanner(hardware=...): the cost model prices one node, the topology has "
+                f"{self._nodes()}; plan without a hardware profile (tables go {FRUGAL_ROW_WISE})"
+            )
         tables = TableCandidates(module, sharders, self._user_constraints, self._topology.compute_device)
         if not tables.shapes:
             return {}
@@ -292,7 +313,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
     def _size_caches(self, best_plan: List[ShardingOption]) -> List[ShardingOption]:
         """Give frugal tables the largest cache ratio (<= config, or the cost model's choice) that
         the fullest rank holds."""
-        frugal_options = [so for so in best_plan if so.sharding_type == FRUGAL]
+        frugal_options = [so for so in best_plan if so.sharding_type in FRUGAL_TYPES]
         if not frugal_options:
             return best_plan
         assert self._planning is not None
@@ -313,8 +334,11 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         by_type = {sharder_name(s.module_type): s for s in sharders}
 
         def cache_bytes_at_ratio_one(so: ShardingOption) -> float:
+            """Bytes of a rank's cache at ratio 1: the rows its engine serves (frugal_row_wise: the node's block)."""
             sharder = by_type[sharder_name(type(so.module[1]))]
             rows, dim = so.tensor.shape
+            if so.sharding_type == FRUGAL_ROW_WISE:
+                rows = -(-rows // self._nodes())
             return float(rows * frugal_row_bytes(dim, so.tensor.element_size(), sharder.fused_params or {}))
 
         fixed = [so for so in frugal_options if so.cache_params is not None and so.cache_params.load_factor is not None]
@@ -329,8 +353,9 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         free = [getattr(reserved.devices[r].storage, kind) - used[r] for r in range(world)]
         fits = [free[r] / unit[r] for r in range(world) if unit[r] > 0]
         cap = min(self._cache_ratio_cap(by_type[sharder_name(type(so.module[1]))]) for so in frugal_options)
-        ratio = max(0.0, min([cap, 1.0 / world] + fits))
-        if sized and ratio < min(cap, 1.0 / world):
+        per_engine = world if all(so.sharding_type == FRUGAL for so in frugal_options) else self._topology.local_world_size
+        ratio = max(0.0, min([cap, 1.0 / per_engine] + fits))
+        if sized and ratio < min(cap, 1.0 / per_engine):
             logger.warning(
                 f"FrugalShardingPlanner: device memory holds a cache ratio of {ratio:.4f} per rank, "
                 f"less than FrugalConfig.cache_ratio={cap}"

@@ -1,0 +1,143 @@
+"""frugal_row_wise against TorchRec's row_wise and table_row_wise on nodes simulated on this machine.
+
+Every run is the DLRM example launched as ``--nnodes`` torchrun launches on 127.0.0.1 (static
+rendezvous, ``--nproc`` ranks each, a shared-memory directory per node: ``run_train_nodes``),
+with ``--count-comm``: besides samples/s (all ranks, after the warm-up), the bytes the embedding
+collectives send per step, all ranks together, to ranks of another node (what would cross the
+network) and to other ranks of the same node. The shardings run in turn, ``--repeats`` rounds,
+the first rotated by one each round; the table reports medians and ratios to row_wise.
+
+    python benchmarks/bench_nodes.py --json benchmarks/results/nodes.json --plot benchmarks/results/nodes.png
+
+On one machine the "network" is loopback and the nodes share its cores, so samples/s here says
+how the shardings' work compares, not what a real network would make of their bytes; the bytes
+are what a real network would carry.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+
+from examples.demo import run_train_nodes  # noqa: E402
+from torchrec_frugal.test_utils import git_state, median_or_nan  # noqa: E402
+
+SHARDINGS = {
+    "frugal_row_wise": ["--sharding", "frugal_row_wise"],
+    "row_wise": ["--sharder", "torchrec", "--sharding", "row_wise"],
+    "table_row_wise": ["--sharder", "torchrec", "--sharding", "table_row_wise"],
+}
+
+
+def schedule(names: Sequence[str], repeats: int) -> List[str]:
+    """Round robin, each round starting one later: no sharding always runs first."""
+    return [names[(r + i) % len(names)] for r in range(repeats) for i in range(len(names))]
+
+
+def summarize(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Dict[str, float]]:
+    """Medians per sharding, and samples/s and bytes between nodes relative to row_wise."""
+    out: Dict[str, Dict[str, float]] = {}
+    for name, rs in runs.items():
+        out[name] = {
+            "samples_per_second": median_or_nan([r["samples_per_second"] for r in rs]),
+            "bytes_between_nodes_per_step": median_or_nan([r["comm"]["bytes_between_nodes_per_step"] for r in rs]),
+            "bytes_within_node_per_step": median_or_nan([r["comm"]["bytes_within_node_per_step"] for r in rs]),
+            "runs": len(rs),
+        }
+    base = out.get("row_wise")
+    for row in out.values():
+        if base:
+            row["samples_per_second_vs_row_wise"] = row["samples_per_second"] / base["samples_per_second"]
+            row["bytes_between_nodes_vs_row_wise"] = row["bytes_between_nodes_per_step"] / base["bytes_between_nodes_per_step"]
+    return out
+
+
+def markdown(table: Dict[str, Dict[str, float]], head: str) -> str:
+    lines = [head, "", "| sharding | samples/s | vs row_wise | bytes between nodes / step | vs row_wise | bytes within a node / step |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, r in table.items():
+        lines.append(
+            f"| {name} | {r['samples_per_second']:,.0f} | {r.get('samples_per_second_vs_row_wise', float('nan')):.3f} | "
+            f"{r['bytes_between_nodes_per_step']:,.0f} | {r.get('bytes_between_nodes_vs_row_wise', float('nan')):.3f} | "
+            f"{r['bytes_within_node_per_step']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(path: Path, table: Dict[str, Dict[str, float]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(table)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    axes[0].bar(names, [table[n]["samples_per_second"] for n in names], color="tab:blue")
+    axes[0].set_ylabel("samples/s (all ranks)")
+    between = [table[n]["bytes_between_nodes_per_step"] / 1e6 for n in names]
+    within = [table[n]["bytes_within_node_per_step"] / 1e6 for n in names]
+    axes[1].bar(names, between, label="between nodes", color="tab:red")
+    axes[1].bar(names, within, bottom=between, label="within a node", color="tab:gray")
+    axes[1].set_ylabel("MB sent per step (all ranks)")
+    axes[1].legend()
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=15)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--nproc", type=int, default=2, help="ranks per node")
+    ap.add_argument("--config", default="criteo-kaggle")
+    ap.add_argument("--scale", type=float, default=None)
+    ap.add_argument("--batch-size", type=int, default=1024, help="per rank")
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--shardings", nargs="+", choices=list(SHARDINGS), default=list(SHARDINGS))
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path)
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    train_py = ROOT / "examples" / "dlrm" / "train.py"
+    common = ["--config", args.config, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+              "--log-every", "0", "--count-comm"] + (["--scale", f"{args.scale:g}"] if args.scale else [])  # fmt: skip
+    runs: Dict[str, List[Dict[str, Any]]] = {n: [] for n in args.shardings}
+    t0 = time.perf_counter()
+    for name in tqdm(schedule(args.shardings, args.repeats), desc="bench_nodes runs"):
+        s = run_train_nodes(train_py, common + SHARDINGS[name], nodes=args.nodes, nproc=args.nproc, threads=1,
+                            timeout_s=args.timeout)  # fmt: skip
+        runs[name].append({k: s[k] for k in ("samples_per_second", "comm", "loss", "auc", "wall_s", "command")})
+        tqdm.write(f"{name}: {s['samples_per_second']:,.0f} samples/s, {s['comm']['bytes_between_nodes_per_step']:,.0f} "
+                   f"bytes between nodes per step")  # fmt: skip
+    table = summarize(runs)
+    head = (f"{args.config}, batch {args.batch_size} per rank, {args.nodes} nodes x {args.nproc} ranks simulated on one "
+            f"machine (loopback; the nodes share its cores), {args.steps} steps, medians of {args.repeats} runs")  # fmt: skip
+    text = markdown(table, head)
+    print("\n" + text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json), "plot": str(args.plot)},
+                                         "git": git_state(ROOT), "wall_s": time.perf_counter() - t0,
+                                         "table": table, "runs": runs, "markdown": text}, indent=1) + "\n")  # fmt: skip
+    if args.plot:
+        plot(args.plot, table, head)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

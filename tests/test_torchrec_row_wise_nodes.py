@@ -83,6 +83,36 @@ def _refuses_frugal_across_nodes(world: int) -> str:
     return "no error"
 
 
+def _bad_ids(world: int) -> Dict[str, Any]:
+    """Every rank feeds an id out of range (then a negative one): each is refused, naming the
+    feature, table and id, before the input dist sends it to another node; nothing changes."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from torchrec_frugal.errors import FrugalInputError
+
+    dmp, opt, key = build(world, "frugal_row_wise", "adagrad")
+    data = ZipfBatches(dist.get_rank())
+    train(dmp, opt, data.batches(0, 2))
+    before = full_tables(dmp, key, table_shapes("dlrm"))
+    seen: Dict[str, Any] = {}
+    for name, feature, bad in (("out_of_range", "f3", TABLE_ROWS[3]), ("negative", "f5", -7)):
+        batch = data.batch(2)
+        kjt = batch.sparse_features
+        values = kjt.values().clone()
+        values[kjt.offset_per_key()[kjt.keys().index(feature)]] = bad
+        batch.sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths())
+        try:
+            dmp(batch)
+            seen[name] = None
+        except FrugalInputError as e:
+            seen[name] = str(e)
+    after = full_tables(dmp, key, table_shapes("dlrm"))
+    seen["unchanged"] = dist.get_rank() != 0 or all(np.array_equal(a, b) for a, b in zip(before, after))
+    seen["trains_after"] = bool(np.isfinite(train(dmp, opt, data.batches(2, 3))).all())
+    release(dmp)
+    return seen
+
+
 def _node_scenarios(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
     torch.set_num_threads(1)
     out: Dict[str, Any] = {"runs": {i: _training_pair(world, *r) for i, r in zip(RUN_IDS, RUNS)}}
@@ -91,6 +121,7 @@ def _node_scenarios(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
                            for g in lookup.groups]  # fmt: skip
     out["checkpoint"] = _checkpoint(world, ckpt_dir)
     out["refusal"] = _refuses_frugal_across_nodes(world)
+    out["bad_ids"] = _bad_ids(world)
     return out
 
 
@@ -150,3 +181,14 @@ def test_frugal_refuses_to_span_nodes(nodes: List[Dict[str, Any]]) -> None:
         msg = r["refusal"]
         assert "2 nodes" in msg and "(node 0): ranks" in msg and "(node 1): ranks" in msg, msg
         assert "frugal_row_wise" in msg
+
+
+def test_bad_ids_are_refused_before_they_cross_nodes(nodes: List[Dict[str, Any]]) -> None:
+    for r in nodes:
+        b = r["bad_ids"]
+        assert b["out_of_range"] == (
+            f"feature 'f3' (table 't3', frugal_row_wise): id {TABLE_ROWS[3]} is out of range [0, {TABLE_ROWS[3]}); "
+            "nothing was changed"
+        )
+        assert b["negative"] is not None and "'f5'" in b["negative"] and "id -7" in b["negative"]
+        assert b["unchanged"] and b["trains_after"]

@@ -9,7 +9,7 @@ features, hosts frugal tables in state_dict and feeds the lookahead. :mod:`.embe
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Type
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Tuple, Type
 
 import torch
 import torch.distributed as dist
@@ -85,6 +85,25 @@ def check_features(features: KeyedJaggedTensor, served: Iterable[str], module: s
         raise FrugalInputError(f"{module}: the input lacks feature(s) {missing} that its tables serve")
 
 
+def check_row_wise_ids(features: KeyedJaggedTensor, limits: Dict[str, Tuple[str, int]]) -> None:
+    """Raise, naming the feature, its table and the id, if an id of a frugal_row_wise feature is out
+    of range: checked here, before the input dist would send it to another node's engine."""
+    if not limits:
+        return
+    values, opk, keys = features.values(), features.offset_per_key(), features.keys()
+    for i, key in enumerate(keys):
+        if key not in limits:
+            continue
+        ids = values[opk[i] : opk[i + 1]]
+        table, rows = limits[key]
+        bad = ids[(ids < 0) | (ids >= rows)]
+        if bad.numel():
+            raise FrugalInputError(
+                f"feature {key!r} (table {table!r}, frugal_row_wise): id {int(bad[0])} is out of range [0, {rows}); "
+                "nothing was changed"
+            )
+
+
 class FrugalShardedModuleMixin:
     """What frugal tables add to a sharded embedding module: their sharding, checkpoints, lookahead.
 
@@ -112,6 +131,8 @@ class FrugalShardedModuleMixin:
             c.name: c.init_fn for c in configs if c.init_fn is not None
         }
         self._frugal_features = [f for c in configs for f in c.feature_names]
+        # frugal_row_wise features -> (table, rows): checked before the input dist sends their ids
+        self._row_wise_limits: Dict[str, Tuple[str, int]] = {}
 
     def _create_frugal_sharding(
         self, sharding_infos: List[EmbeddingShardingInfo], env: ShardingEnv, device: Optional[torch.device]
@@ -122,6 +143,9 @@ class FrugalShardedModuleMixin:
             if self._frugal_row_wise_sharding_type is None:
                 raise NotImplementedError(f"{type(self).__name__}: no {FRUGAL_ROW_WISE} sharding yet; use frugal or row_wise")
             kind = self._frugal_row_wise_sharding_type
+            for info in sharding_infos:
+                c = info.embedding_config
+                self._row_wise_limits.update({f: (c.name, c.num_embeddings) for f in c.feature_names})
         return kind(
             sharding_infos,
             env,
@@ -140,6 +164,7 @@ class FrugalShardedModuleMixin:
 
     def input_dist(self, ctx: Any, features: KeyedJaggedTensor) -> Awaitable[Awaitable[Any]]:
         check_features(features, self._frugal_features, type(self).__name__)
+        check_row_wise_ids(features, self._row_wise_limits)
         return super().input_dist(ctx, features)  # type: ignore[misc]
 
     def frugal_lookups(self) -> List[FrugalEmbeddingLookup]:

@@ -8,6 +8,7 @@ network) and to other ranks of the same node. The shardings run in turn, ``--rep
 the first rotated by one each round; the table reports medians and ratios to row_wise.
 
     python benchmarks/bench_nodes.py --json benchmarks/results/nodes.json --plot benchmarks/results/nodes.png
+    python benchmarks/bench_nodes.py --lookahead 0 --json benchmarks/results/nodes_l0.json --plot benchmarks/results/nodes_l0.png
 
 On one machine the "network" is loopback and the nodes share its cores, so samples/s here says
 how the shardings' work compares, not what a real network would make of their bytes; the bytes
@@ -103,6 +104,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--scale", type=float, default=None)
     ap.add_argument("--batch-size", type=int, default=1024, help="per rank")
     ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--lookahead", type=int, default=10, help="frugal_row_wise: the engines' lookahead window L")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--shardings", nargs="+", choices=list(SHARDINGS), default=list(SHARDINGS))
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
@@ -116,17 +118,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     train_py = ROOT / "examples" / "dlrm" / "train.py"
     common = ["--config", args.config, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
               "--log-every", "0", "--count-comm"] + (["--scale", f"{args.scale:g}"] if args.scale else [])  # fmt: skip
+    shardings = dict(SHARDINGS, frugal_row_wise=SHARDINGS["frugal_row_wise"] + ["--lookahead", str(args.lookahead)])
     runs: Dict[str, List[Dict[str, Any]]] = {n: [] for n in args.shardings}
     t0 = time.perf_counter()
     for name in tqdm(schedule(args.shardings, args.repeats), desc="bench_nodes runs"):
-        s = run_train_nodes(train_py, common + SHARDINGS[name], nodes=args.nodes, nproc=args.nproc, threads=1,
+        s = run_train_nodes(train_py, common + shardings[name], nodes=args.nodes, nproc=args.nproc, threads=1,
                             timeout_s=args.timeout)  # fmt: skip
         runs[name].append({k: s[k] for k in ("samples_per_second", "comm", "loss", "auc", "wall_s", "command")})
         tqdm.write(f"{name}: {s['samples_per_second']:,.0f} samples/s, {s['comm']['bytes_between_nodes_per_step']:,.0f} "
                    f"bytes between nodes per step")  # fmt: skip
     table = summarize(runs)
     head = (f"{args.config}, batch {args.batch_size} per rank, {args.nodes} nodes x {args.nproc} ranks simulated on one "
-            f"machine (loopback; the nodes share its cores), {args.steps} steps, medians of {args.repeats} runs")  # fmt: skip
+            f"machine (loopback; the nodes share its cores), frugal_row_wise L={args.lookahead}, {args.steps} steps, "
+            f"medians of {args.repeats} runs")  # fmt: skip
     text = markdown(table, head)
     print("\n" + text)
     if args.json:

@@ -177,7 +177,6 @@ def shard_plan(
                     "(LOCAL_WORLD_SIZE): launch one torchrun per node (--nnodes), or use --sharder frugal"
                 )
             constraints = {t: ParameterConstraints(sharding_types=[FRUGAL_ROW_WISE]) for t in tables}
-            args.lookahead = 0  # its engines run write-through: no lookahead across nodes yet
         planner: Any = FrugalShardingPlanner(
             topology=topo, config=config, hardware=hardware, batch_size=batch_per_rank, constraints=constraints
         )

@@ -136,7 +136,7 @@ def test_two_nodes_train_frugal_row_wise_like_stock_row_wise():
     }  # fmt: skip
     f, r = runs["frugal_row_wise"], runs["row_wise"]
     assert f["world_size"] == r["world_size"] == 4 and f["sharding"] == "frugal_row_wise"
-    assert set(f["plan"]["shardings"].values()) == {"frugal_row_wise"} and f["lookahead"] == 0
+    assert set(f["plan"]["shardings"].values()) == {"frugal_row_wise"} and f["lookahead"] == 10
     assert f["frugal"]["rows_flushed"] > 0 and 0.0 < f["frugal"]["cache_hit_ratio"] < 1.0
     assert abs(f["auc"] - r["auc"]) < 0.01 and abs(f["loss"] - r["loss"]) < 0.01, (f["auc"], r["auc"], f["loss"], r["loss"])
     assert f["auc"] > 0.6

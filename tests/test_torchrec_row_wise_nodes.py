@@ -113,6 +113,26 @@ def _bad_ids(world: int) -> Dict[str, Any]:
     return seen
 
 
+def _lookahead_across_nodes(world: int) -> Dict[str, Any]:
+    """FrugalTrainPipeline announces L batches ahead through the cross-node input dist: after one
+    step each node's engine holds steps 1..L, and the step's forward reused the rows computed when
+    its batch was announced (each of the L + 1 batches read was turned into rows once)."""
+    from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection, FrugalTrainPipeline
+
+    dmp, opt, _ = build(world, "frugal_row_wise", "adagrad")
+    ebc = next(m for m in dmp.modules() if isinstance(m, FrugalShardedEmbeddingBagCollection))
+    data = ZipfBatches(dist.get_rank())
+    computed: List[int] = []
+    for lookup in ebc.frugal_lookups():
+        own = lookup.group_rows
+        lookup.group_rows = lambda f, own=own: computed.append(1) or own(f)  # type: ignore[method-assign]
+    FrugalTrainPipeline(dmp, opt, torch.device("cpu")).progress(data.batches(0, 20))
+    seen = {"window": ebc.lookahead(), "rows_computed_per_lookup": len(computed) / len(ebc.frugal_lookups()),
+            "capacity": ebc.lookahead_capacity()}  # fmt: skip
+    release(dmp)
+    return seen
+
+
 def _node_scenarios(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
     torch.set_num_threads(1)
     out: Dict[str, Any] = {"runs": {i: _training_pair(world, *r) for i, r in zip(RUN_IDS, RUNS)}}
@@ -122,6 +142,7 @@ def _node_scenarios(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
     out["checkpoint"] = _checkpoint(world, ckpt_dir)
     out["refusal"] = _refuses_frugal_across_nodes(world)
     out["bad_ids"] = _bad_ids(world)
+    out["lookahead"] = _lookahead_across_nodes(world)
     return out
 
 
@@ -192,3 +213,12 @@ def test_bad_ids_are_refused_before_they_cross_nodes(nodes: List[Dict[str, Any]]
         )
         assert b["negative"] is not None and "'f5'" in b["negative"] and "id -7" in b["negative"]
         assert b["unchanged"] and b["trains_after"]
+
+
+def test_the_lookahead_window_is_fed_across_nodes(nodes: List[Dict[str, Any]]) -> None:
+    from test_torchrec_distributed import LOOKAHEAD
+
+    for r in nodes:
+        la = r["lookahead"]
+        assert la["window"] == LOOKAHEAD and la["capacity"] == 1
+        assert la["rows_computed_per_lookup"] == LOOKAHEAD + 1

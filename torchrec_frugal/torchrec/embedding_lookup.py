@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -45,13 +45,13 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         pg: Optional[dist.ProcessGroup],
         device: torch.device,
         checkpoint_pg: Optional[dist.ProcessGroup] = None,
-        reads_ahead: bool = True,
+        announce_dist: Optional[Callable[[KeyedJaggedTensor], KeyedJaggedTensor]] = None,
     ) -> None:
         super().__init__()
         self._pooled = pooled
-        # Whether the train pipeline may announce future batches to it: the KJT it announces is
-        # the module's input, which is this lookup's input only when no input dist moves ids.
-        self.reads_ahead = reads_ahead
+        # What a future batch's ids go through before they reach this lookup (frugal_row_wise:
+        # the input dist to the owning nodes, a collective); None: they reach it as they are.
+        self._announce_dist = announce_dist
         self._device = device
         # Position of each KJT feature this lookup receives -> (group, table index in group).
         self._feature_names: List[str] = [f for t in tables for f in t.feature_names]
@@ -149,7 +149,13 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         return batches
 
     def lookahead_rows(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
-        """Each group's rows for ``features`` (validated), as the forward of that batch steps on."""
+        """Each group's rows for ``features`` (validated), as the forward of that batch steps on.
+
+        ``features`` is the batch as the sharded module receives it; with an announce dist
+        (frugal_row_wise) it first goes where the step's input dist will send it: a collective,
+        which every rank runs for the same batches in the same order (the train pipeline does)."""
+        if self._announce_dist is not None:
+            features = self._announce_dist(features)
         group_rows = self.group_rows(features)
         # Copies: a loader may refill its buffers before the announced step runs.
         self._last_lookahead = _AnnouncedBatch(

@@ -170,11 +170,6 @@ class FrugalShardedModuleMixin:
     def frugal_lookups(self) -> List[FrugalEmbeddingLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, FrugalEmbeddingLookup)]
 
-    def lookahead_lookups(self) -> List[FrugalEmbeddingLookup]:
-        """The frugal lookups a train pipeline announces future batches to (not frugal_row_wise's,
-        whose ids reach them through the cross-node all-to-all)."""
-        return [lookup for lookup in self.frugal_lookups() if lookup.reads_ahead]
-
     def frugal_engines(self) -> List[FrugalEngine]:
         """The engines serving this module's frugal tables, one per table group: what a training
         script reads for per-step statistics (``last_metrics``, flushed rows, background threads)."""
@@ -199,21 +194,21 @@ class FrugalShardedModuleMixin:
         keys = features.keys()
         return [
             lookup.lookahead_rows(features.permute([keys.index(f) for f in lookup.feature_names]))
-            for lookup in self.lookahead_lookups()
+            for lookup in self.frugal_lookups()
         ]
 
     def announce(self, rows: List[List[torch.Tensor]]) -> None:
         """Push rows from ``lookahead_rows`` to the engines' lookahead windows."""
-        for lookup, r in zip(self.lookahead_lookups(), rows):
+        for lookup, r in zip(self.frugal_lookups(), rows):
             lookup.announce(r)
 
     def lookahead_capacity(self) -> int:
-        """How many future batches the engines take now (the module must have lookahead lookups)."""
-        return min(lookup.lookahead_capacity() for lookup in self.lookahead_lookups())
+        """How many future batches the engines take now (the module must have frugal tables)."""
+        return min(lookup.lookahead_capacity() for lookup in self.frugal_lookups())
 
     def lookahead(self) -> int:
-        """The engines' lookahead window L (the module must have lookahead lookups)."""
-        return min(lookup.lookahead() for lookup in self.lookahead_lookups())
+        """The engines' lookahead window L (the module must have frugal tables)."""
+        return min(lookup.lookahead() for lookup in self.frugal_lookups())
 
 
 def _frugal_state_dict_hook(

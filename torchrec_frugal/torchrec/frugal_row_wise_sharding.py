@@ -13,9 +13,10 @@ backward of those dists, and its engine sums them over the node's ranks.
 Gradient scaling matches row_wise: the reduce-scatter's backward divides by the nodes, the
 engine by the node's ranks, together by the world size.
 
-The lookahead window is not fed across nodes yet: a node's engine learns a step's ids only from
-its input dist, so the train pipeline announces nothing to it and its engines run L = 0
-(write-through).
+The lookahead window works across nodes: a future batch announced to the module (by the train
+pipeline, or ``push_lookahead``) goes through an input dist of its own to the owning nodes, and
+each node's engine learns the rows its ranks will step on L steps ahead. That announcement is a
+collective over the cross-node group; it sends the batch's ids a second time (not its embeddings).
 """
 from __future__ import annotations
 
@@ -95,14 +96,19 @@ class FrugalRowWiseEmbeddingSharding(FrugalEmbeddingSharding[C]):
     ) -> BaseEmbeddingLookup:
         if feature_processor is not None:
             raise NotImplementedError("frugal_row_wise sharding does not support feature processors")
+        announce_dist = self.create_input_dist(device)  # its own: the step's dist keeps its state
+
+        def to_owning_nodes(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+            return announce_dist(features).wait().wait()
+
         return FrugalEmbeddingLookup(
             self._tables,
             pooled=self.pooled,
-            config=replace(self._config, lookahead=0),
+            config=self._config,
             pg=self._nodes.intra,
             device=device if device is not None else self._device,
             checkpoint_pg=self._env.process_group,
-            reads_ahead=False,
+            announce_dist=to_owning_nodes,
         )
 
 class FrugalRowWisePooledEmbeddingSharding(FrugalRowWiseEmbeddingSharding[EmbeddingShardingContext]):

@@ -81,7 +81,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         """The pipelined frugal modules, once TrainPipelineSparseDist has rewritten the model."""
         if self._frugal is None and self._pipelined_modules:
             self._frugal = [
-                m for m in self._pipelined_modules if isinstance(m, FrugalShardedModuleMixin) and m.lookahead_lookups()
+                m for m in self._pipelined_modules if isinstance(m, FrugalShardedModuleMixin) and m.frugal_lookups()
             ]
             window = min((m.lookahead() for m in self._frugal), default=0)
             if self._requested_lookahead is not None and self._frugal:  # no frugal table: nothing to read ahead for

@@ -170,7 +170,7 @@ def shard_plan(
         if hardware is not None and batch_per_rank is None:
             raise ValueError("shard_plan: --hardware needs the batch per rank the cost model prices")
         constraints = None
-        if getattr(args, "sharding", None) == FRUGAL_ROW_WISE:
+        if args.sharding == FRUGAL_ROW_WISE:
             if topo.local_world_size == world:
                 raise SystemExit(
                     f"--sharding {FRUGAL_ROW_WISE} splits tables over nodes, but all {world} ranks run on one node "

@@ -55,6 +55,16 @@ def torchrun_command(train_py: Path, args: Sequence[str], nproc: int) -> List[st
     ]  # fmt: skip
 
 
+def _stop(proc: "subprocess.Popen[Any]") -> None:
+    """Terminate a torchrun (it forwards SIGTERM to its ranks); kill it after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_train(
     train_py: Path,
     args: Sequence[str],
@@ -108,12 +118,7 @@ def run_train(
                         echo(line.rstrip("\n"))
                 rc = proc.wait()
             except BaseException:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                _stop(proc)
                 raise
             finally:
                 timer.cancel()
@@ -184,12 +189,7 @@ def run_train_nodes(
         finally:
             for proc in procs:
                 if proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                    _stop(proc)
         wall = time.perf_counter() - t0
         if failed is not None or not summary_path.is_file():
             k, why = failed or (0, "no summary")

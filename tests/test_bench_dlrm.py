@@ -1,7 +1,6 @@
 """benchmarks/bench_dlrm.py, plot_dlrm.py and the demo's train.py runner, without training anything."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,17 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmark_modules import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load("bench_dlrm")
+bench = load_benchmark("bench_dlrm")
 TRAIN = ROOT / "examples" / "dlrm" / "train.py"
 
 

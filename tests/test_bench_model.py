@@ -3,9 +3,7 @@ median of repeated runs, the planner's comparison with the best uniform plan, an
 earlier measurements."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,10 +12,9 @@ from torchrec_frugal.datasets import DATASETS
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload
 from torchrec_frugal.profiles import load_profile
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_model", ROOT / "benchmarks" / "bench_model.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from benchmark_modules import load_benchmark
+
+bench = load_benchmark("bench_model")
 
 AVAZU_TABLES = DATASETS["avazu"].table_names()
 

@@ -1,7 +1,6 @@
 """benchmarks/bench_gpu.py without a GPU: it refuses to measure, and its report renders every section."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -9,15 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmark_modules import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 FACTS = {"gpu": "GPU-X", "driver": "1.0", "cuda_runtime": "13.0", "torch": "2.x", "python": "3.12", "date": "D"}
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "bench_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_benchmark("bench_gpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -3,7 +3,6 @@ committed results and doc against each other (no training; a few seconds)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import json
 from pathlib import Path
@@ -16,17 +15,12 @@ from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload
 from torchrec_frugal.profiles import load_profile
 
+from benchmark_modules import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ps = _load("paper_setting")
+ps = load_benchmark("paper_setting")
 RTX, A30 = load_profile("rtx3090"), load_profile("a30")
 
 

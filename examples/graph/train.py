@@ -134,12 +134,12 @@ def entity_state(dmp: nn.Module) -> Any:
     return state[keys[0]]
 
 
-def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int) -> None:
+def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int, through_engines: bool = False) -> None:
     """Give a sharded entity table the sharding-independent init: stock fused kernels draw their
     own, and a frugal_row_wise engine calls the table's ``init_fn`` on its node's block alone (as
     TorchRec does per shard); only a frugal engine over one node initializes the whole table.
-    Frugal tables load the values through their engines (``load_state_dict``), which keeps their
-    caches equal to host memory."""
+    Frugal tables (``through_engines``) load the values through their engines (``load_state_dict``),
+    which keeps their caches equal to host memory; stock shards take them in place."""
     state = dmp.state_dict()
     key = next(k for k in state if k.endswith(f"embeddings.{ENTITY_TABLE}.weight"))
     value = state[key]
@@ -152,7 +152,8 @@ def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int) -> None:
                 s.tensor.copy_(full[:, c0 : c0 + cols])
     else:  # data_parallel: a replicated tensor
         seeded_uniform_(value, cfg.init_bound, seed)
-    dmp.load_state_dict({key: value}, strict=False)
+    if through_engines:
+        dmp.load_state_dict({key: value}, strict=False)
 
 
 def full_entity_table(dmp: nn.Module) -> torch.Tensor:
@@ -307,7 +308,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     model = KGEModel(entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device)
     dmp, plan_info = shard(args, model, sampler, rank, device)
     if args.sharder == "torchrec" or plan_info["sharding"] == "frugal_row_wise":
-        seed_entity_table(dmp, cfg, args.seed)
+        seed_entity_table(dmp, cfg, args.seed, through_engines=args.sharder == "frugal")
     opt = combined_optimizer(dmp, lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr))
     losses: List[torch.Tensor] = []
     if resume:

@@ -96,12 +96,13 @@ def check_row_wise_ids(features: KeyedJaggedTensor, limits: Dict[str, Tuple[str,
             continue
         ids = values[opk[i] : opk[i + 1]]
         table, rows = limits[key]
-        bad = ids[(ids < 0) | (ids >= rows)]
-        if bad.numel():
-            raise FrugalInputError(
-                f"feature {key!r} (table {table!r}, frugal_row_wise): id {int(bad[0])} is out of range [0, {rows}); "
-                "nothing was changed"
-            )
+        if not ids.numel() or (int(ids.min()) >= 0 and int(ids.max()) < rows):
+            continue
+        bad = int(ids[(ids < 0) | (ids >= rows)][0])
+        raise FrugalInputError(
+            f"feature {key!r} (table {table!r}, frugal_row_wise): id {bad} is out of range [0, {rows}); "
+            "nothing was changed"
+        )
 
 
 class FrugalShardedModuleMixin:

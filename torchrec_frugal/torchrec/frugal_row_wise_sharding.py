@@ -21,62 +21,47 @@ collective over the cross-node group; it sends the batch's ids a second time (no
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
-from torchrec.distributed.embedding_sharding import (
-    BaseEmbeddingDist,
-    BaseEmbeddingLookup,
-    BaseSparseFeaturesDist,
-    EmbeddingShardingContext,
-    EmbeddingShardingInfo,
-)
-from torchrec.distributed.embedding_types import BaseGroupedFeatureProcessor
+from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist, EmbeddingShardingContext
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingDist
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist, RwSparseFeaturesDist
 from torchrec.distributed.sharding.sequence_sharding import SequenceShardingContext
-from torchrec.distributed.types import ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..config import FrugalConfig
 from ..errors import FrugalError
 from .checkpoint import row_blocks
-from .embedding_lookup import FrugalEmbeddingLookup
 from .frugal_sharding import C, FrugalEmbeddingSharding
 from .node_groups import NodeGroups, node_groups
+from .types import FrugalTable
 
 
 class FrugalRowWiseEmbeddingSharding(FrugalEmbeddingSharding[C]):
     """frugal_row_wise sharding of the tables of one sharded module; the variants below differ
     in their output (pooled sums reduce-scattered, or one embedding per id sent back)."""
 
-    def __init__(
-        self,
-        sharding_infos: List[EmbeddingShardingInfo],
-        env: ShardingEnv,
-        device: Optional[torch.device] = None,
-        config: Optional[FrugalConfig] = None,
-        presample_counts: Optional[Dict[str, torch.Tensor]] = None,
-        init_fns: Optional[Dict[str, Callable[[torch.Tensor], Any]]] = None,
-    ) -> None:
-        super().__init__(sharding_infos, env, device, config, presample_counts, init_fns)
-        self._nodes: NodeGroups = node_groups(env.process_group)
+    @property
+    def _nodes(self) -> NodeGroups:
+        return node_groups(self._env.process_group)  # made on first use, then cached
+
+    def _engine_table(self, table: FrugalTable) -> FrugalTable:
+        """The node's block of ``table``: its rows, offset, whole size and pre-sample counts."""
         node, nodes = self._nodes.node, self._nodes.nodes
-        for i, t in enumerate(self._tables):
-            offset, rows = row_blocks(t.num_embeddings, nodes)[node]
-            if rows == 0:
-                raise FrugalError(
-                    f"table {t.name!r}: {t.num_embeddings} rows leave node {node} of {nodes} no row block "
-                    "under frugal_row_wise; shard it frugal or table_wise instead"
-                )
-            counts = t.presample_counts
-            self._tables[i] = replace(
-                t,
-                num_embeddings=rows,
-                row_offset=offset,
-                total_rows=t.num_embeddings,
-                presample_counts=None if counts is None else counts[offset : offset + rows],
+        offset, rows = row_blocks(table.num_embeddings, nodes)[node]
+        if rows == 0:
+            raise FrugalError(
+                f"table {table.name!r}: {table.num_embeddings} rows leave node {node} of {nodes} no row block "
+                "under frugal_row_wise; shard it frugal or table_wise instead"
             )
+        counts = table.presample_counts
+        return replace(
+            table,
+            num_embeddings=rows,
+            row_offset=offset,
+            total_rows=table.num_embeddings,
+            presample_counts=None if counts is None else counts[offset : offset + rows],
+        )
 
     def create_input_dist(self, device: Optional[torch.device] = None) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
         return RwSparseFeaturesDist(
@@ -88,28 +73,16 @@ class FrugalRowWiseEmbeddingSharding(FrugalEmbeddingSharding[C]):
             has_feature_processor=False,
         )
 
-    def create_lookup(
-        self,
-        device: Optional[torch.device] = None,
-        fused_params: Optional[Dict[str, Any]] = None,
-        feature_processor: Optional[BaseGroupedFeatureProcessor] = None,
-    ) -> BaseEmbeddingLookup:
-        if feature_processor is not None:
-            raise NotImplementedError("frugal_row_wise sharding does not support feature processors")
-        announce_dist = self.create_input_dist(device)  # its own: the step's dist keeps its state
+    def _lookup_groups(self, device: Optional[torch.device]) -> Dict[str, Any]:
+        """One engine over the node's ranks; checkpoints over every rank; announced batches go
+        to the owning nodes through an input dist of their own (the step's keeps its state)."""
+        announce_dist = self.create_input_dist(device)
 
         def to_owning_nodes(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
             return announce_dist(features).wait().wait()
 
-        return FrugalEmbeddingLookup(
-            self._tables,
-            pooled=self.pooled,
-            config=self._config,
-            pg=self._nodes.intra,
-            device=device if device is not None else self._device,
-            checkpoint_pg=self._env.process_group,
-            announce_dist=to_owning_nodes,
-        )
+        return {"pg": self._nodes.intra, "checkpoint_pg": self._env.process_group, "announce_dist": to_owning_nodes}
+
 
 class FrugalRowWisePooledEmbeddingSharding(FrugalRowWiseEmbeddingSharding[EmbeddingShardingContext]):
     """frugal_row_wise sharding of EmbeddingBagCollection tables: partial pooled sums per node,

@@ -77,7 +77,7 @@ class FrugalEmbeddingSharding(EmbeddingSharding[C, KeyedJaggedTensor, torch.Tens
                 raise ValueError(f"table {cfg.name!r}: frugal sharding stores FP32 tables, got {cfg.data_type}")
             cache = info.param_sharding.cache_params
             self._tables.append(
-                FrugalTable(
+                self._engine_table(FrugalTable(
                     name=cfg.name,
                     num_embeddings=cfg.num_embeddings,
                     embedding_dim=cfg.embedding_dim,
@@ -91,10 +91,19 @@ class FrugalEmbeddingSharding(EmbeddingSharding[C, KeyedJaggedTensor, torch.Tens
                         else self._config.cache_ratio
                     ),
                     presample_counts=counts.get(cfg.name),
-                )
-            )
+                ))
+            )  # fmt: skip
             self._embedding_names.extend(cfg.embedding_names)
             self._embedding_dims.extend([cfg.embedding_dim] * len(cfg.feature_names))
+
+    def _engine_table(self, table: FrugalTable) -> FrugalTable:
+        """The part of ``table`` this rank's engine holds: all of it (frugal_row_wise: its node's block)."""
+        return table
+
+    def _lookup_groups(self, device: Optional[torch.device]) -> Dict[str, Any]:
+        """The lookup's process groups and announce path: one engine over every rank, whose
+        checkpoints span those ranks, announced batches taken as they are."""
+        return {"pg": self._env.process_group}
 
     def create_input_dist(self, device: Optional[torch.device] = None) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
         return DpSparseFeaturesDist()
@@ -106,13 +115,13 @@ class FrugalEmbeddingSharding(EmbeddingSharding[C, KeyedJaggedTensor, torch.Tens
         feature_processor: Optional[BaseGroupedFeatureProcessor] = None,
     ) -> BaseEmbeddingLookup:
         if feature_processor is not None:
-            raise NotImplementedError("frugal sharding does not support feature processors")
+            raise NotImplementedError(f"{type(self).__name__} does not support feature processors")
         return FrugalEmbeddingLookup(
             self._tables,
             pooled=self.pooled,
             config=self._config,
-            pg=self._env.process_group,
             device=device if device is not None else self._device,
+            **self._lookup_groups(device),
         )
 
     def create_output_dist(

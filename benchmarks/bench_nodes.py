@@ -9,6 +9,11 @@ the first rotated by one each round; the table reports medians and ratios to row
 
     python benchmarks/bench_nodes.py --json benchmarks/results/nodes.json --plot benchmarks/results/nodes.png
     python benchmarks/bench_nodes.py --lookahead 0 --json benchmarks/results/nodes_l0.json --plot benchmarks/results/nodes_l0.png
+    python benchmarks/bench_nodes.py --repredict benchmarks/results/nodes.json --profile cpu   # predictions only
+
+Beside each measurement stands the cost model's prediction on ``--profile`` (default ``cpu``) for the
+same runs, with the simulated nodes as they are: each gets its share of the machine's cores
+(``host_cores / nodes``) and they talk over the profile's ``network_bw`` (on ``cpu``: loopback gloo).
 
 On one machine the "network" is loopback and the nodes share its cores, so samples/s here says
 how the shardings' work compares, not what a real network would make of their bytes; the bytes
@@ -20,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -29,7 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
 
 from examples.demo import run_train_nodes  # noqa: E402
+from torchrec_frugal.cost_model import CostModel, Plan  # noqa: E402
+from torchrec_frugal.estimate import dlrm_workload  # noqa: E402
+from torchrec_frugal.profiles import HardwareProfile, load_profile  # noqa: E402
 from torchrec_frugal.test_utils import git_state, median_or_nan  # noqa: E402
+
+CACHE_RATIO = 0.05  # examples/dlrm/train.py's default
+PRESAMPLE_STEPS = 50  # examples/common.py's default
 
 SHARDINGS = {
     "frugal_row_wise": ["--sharding", "frugal_row_wise"],
@@ -61,14 +73,48 @@ def summarize(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Dict[str, floa
     return out
 
 
-def markdown(table: Dict[str, Dict[str, float]], head: str) -> str:
-    lines = [head, "", "| sharding | samples/s | vs row_wise | bytes between nodes / step | vs row_wise | bytes within a node / step |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+def simulated(profile: HardwareProfile, nodes: int) -> HardwareProfile:
+    """The profile of one simulated node: its share of the machine's cores and devices."""
+    return replace(profile, host_cores=max(1, profile.host_cores // nodes), devices=max(1, profile.devices // nodes))
+
+
+def predictions(args: argparse.Namespace, profile: HardwareProfile, names: Sequence[str]) -> Dict[str, Dict[str, float]]:
+    """The cost model's samples/s and bytes per step (all ranks) for each sharding of the runs."""
+    w = dlrm_workload(args.config, args.nodes * args.nproc, args.batch_size, args.scale,
+                      presample_steps=PRESAMPLE_STEPS, threads_per_rank=1, nodes=args.nodes)  # fmt: skip
+    model = CostModel(simulated(profile, args.nodes))
+    out: Dict[str, Dict[str, float]] = {}
+    for name in names:
+        c = model.predict(w, Plan(name, cache_ratio=CACHE_RATIO, lookahead=args.lookahead))
+        out[name] = {"samples_per_second": c.samples_per_second,
+                     "bytes_between_nodes_per_step": c.details["embedding_bytes_between_nodes_per_step"],
+                     "bytes_within_node_per_step": c.details["embedding_bytes_within_node_per_step"],
+                     "terms_ms": {k: 1e3 * v for k, v in c.terms.items() if v}}  # fmt: skip
+    return out
+
+
+def with_predictions(table: Dict[str, Dict[str, Any]], predicted: Dict[str, Dict[str, float]]) -> None:
+    """Each row gets its prediction and the relative error of samples/s and of bytes between nodes."""
+    for name, row in table.items():
+        p = predicted[name]
+        row["predicted"] = p
+        row["error"] = p["samples_per_second"] / row["samples_per_second"] - 1.0
+        if row["bytes_between_nodes_per_step"]:
+            row["bytes_error"] = p["bytes_between_nodes_per_step"] / row["bytes_between_nodes_per_step"] - 1.0
+
+
+def markdown(table: Dict[str, Dict[str, Any]], head: str) -> str:
+    lines = [head, "", "| sharding | samples/s | vs row_wise | predicted (error) | bytes between nodes / step | vs row_wise "
+             "| predicted (error) | bytes within a node / step | predicted |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, r in table.items():
+        p = r["predicted"]
         lines.append(
             f"| {name} | {r['samples_per_second']:,.0f} | {r.get('samples_per_second_vs_row_wise', float('nan')):.3f} | "
+            f"{p['samples_per_second']:,.0f} ({100 * r['error']:+.1f}%) | "
             f"{r['bytes_between_nodes_per_step']:,.0f} | {r.get('bytes_between_nodes_vs_row_wise', float('nan')):.3f} | "
-            f"{r['bytes_within_node_per_step']:,.0f} |"
+            f"{p['bytes_between_nodes_per_step']:,.0f} ({100 * r.get('bytes_error', 0.0):+.1f}%) | "
+            f"{r['bytes_within_node_per_step']:,.0f} | {p['bytes_within_node_per_step']:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -110,11 +156,37 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--profile", default="cpu", help="hardware profile of the predictions (name or JSON file)")
+    ap.add_argument("--repredict", type=Path, metavar="JSON",
+                    help="no runs: predict the runs of an earlier --json again with --profile and rewrite it")
     return ap.parse_args(argv)
+
+
+def head_line(args: argparse.Namespace, profile: str) -> str:
+    return (f"{args.config}, batch {args.batch_size} per rank, {args.nodes} nodes x {args.nproc} ranks simulated on one "
+            f"machine (loopback; the nodes share its cores), frugal_row_wise L={args.lookahead}, {args.steps} steps, "
+            f"medians of {args.repeats} runs; predicted on the `{profile}` profile")  # fmt: skip
+
+
+def repredict(args: argparse.Namespace) -> int:
+    """Predictions of ``--profile`` for the runs an earlier ``--json`` recorded (its arguments kept)."""
+    doc = json.loads(args.repredict.read_text())
+    recorded = argparse.Namespace(**doc["args"])
+    profile = load_profile(args.profile)
+    table = {n: {k: v for k, v in r.items() if k not in ("predicted", "error", "bytes_error")} for n, r in doc["table"].items()}
+    with_predictions(table, predictions(recorded, profile, list(table)))
+    text = markdown(table, head_line(recorded, profile.name))
+    print(text)
+    doc.update(table=table, markdown=text, profile=profile.name)
+    args.repredict.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.repredict:
+        return repredict(args)
+    profile = load_profile(args.profile)
     train_py = ROOT / "examples" / "dlrm" / "train.py"
     common = ["--config", args.config, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
               "--log-every", "0", "--count-comm"] + (["--scale", f"{args.scale:g}"] if args.scale else [])  # fmt: skip
@@ -128,15 +200,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tqdm.write(f"{name}: {s['samples_per_second']:,.0f} samples/s, {s['comm']['bytes_between_nodes_per_step']:,.0f} "
                    f"bytes between nodes per step")  # fmt: skip
     table = summarize(runs)
-    head = (f"{args.config}, batch {args.batch_size} per rank, {args.nodes} nodes x {args.nproc} ranks simulated on one "
-            f"machine (loopback; the nodes share its cores), frugal_row_wise L={args.lookahead}, {args.steps} steps, "
-            f"medians of {args.repeats} runs")  # fmt: skip
+    with_predictions(table, predictions(args, profile, list(table)))
+    head = head_line(args, profile.name)
     text = markdown(table, head)
     print("\n" + text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json), "plot": str(args.plot)},
-                                         "git": git_state(ROOT), "wall_s": time.perf_counter() - t0,
+                                         "git": git_state(ROOT), "wall_s": time.perf_counter() - t0, "profile": profile.name,
                                          "table": table, "runs": runs, "markdown": text}, indent=1) + "\n")  # fmt: skip
     if args.plot:
         plot(args.plot, table, head)

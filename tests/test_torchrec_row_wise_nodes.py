@@ -21,12 +21,15 @@ import torch
 import torch.distributed as dist
 
 from test_torchrec_distributed import (
+    BATCH,
+    DIM,
     REL_TOL,
     TABLE_ROWS,
     ZipfBatches,
     build,
     frugal_lookups,
     full_tables,
+    fused_params,
     release,
     run_training,
     table_shapes,
@@ -133,10 +136,41 @@ def _lookahead_across_nodes(world: int) -> Dict[str, Any]:
     return seen
 
 
+def _hardware_plan(world: int) -> Dict[str, Any]:
+    """FrugalShardingPlanner(hardware="cpu") on the topology of the nodes: what it chose and predicted."""
+    import os
+
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.planner import Topology
+
+    from torchrec_frugal.config import FrugalConfig
+    from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder
+    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=f"t{t}", embedding_dim=DIM, num_embeddings=r, feature_names=[f"f{t}"])
+                for t, r in enumerate(TABLE_ROWS)],
+        device=torch.device("meta"),
+    )  # fmt: skip
+    sharder = FrugalEmbeddingBagCollectionSharder(fused_params=fused_params("adagrad"), config=FrugalConfig(lookahead=0))
+    topology = Topology(world_size=world, compute_device="cpu", local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]))
+    planner = FrugalShardingPlanner(topology=topology, batch_size=BATCH, hardware="cpu")
+    plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
+    return {
+        "types": {name: ps.sharding_type for m in plan.plan.values() for name, ps in m.items()},  # type: ignore[attr-defined]
+        "lookahead": planner.lookahead,
+        "sharder_lookahead": sharder.config.lookahead,
+        "cache_ratio": planner.cache_ratio,
+        "predicted": {k: c.samples_per_second for k, c in planner.predicted.items()},
+        "bytes_between": planner.predicted["plan"].details["embedding_bytes_between_nodes_per_step"],
+    }
+
+
 def _node_scenarios(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
     torch.set_num_threads(1)
     out: Dict[str, Any] = {"runs": {i: _training_pair(world, *r) for i, r in zip(RUN_IDS, RUNS)}}
     out["planned"] = run_training(world, "frugal_nodes", "adagrad", steps=STEPS)
+    out["hardware_plan"] = _hardware_plan(world)
     out["engine_ranks"] = [g.engine.world_size for lookup in frugal_lookups(build(world, "frugal_row_wise", "sgd")[0])
                            for g in lookup.groups]  # fmt: skip
     out["checkpoint"] = _checkpoint(world, ckpt_dir)
@@ -174,6 +208,25 @@ def test_the_planner_puts_tables_on_frugal_row_wise_across_nodes(nodes: List[Dic
         assert np.array_equal(planned["losses"], hand["losses"])
     for a, b in zip(nodes[0]["planned"]["tables"], nodes[0]["runs"]["adagrad/None/dlrm"]["frugal_row_wise"]["tables"]):
         assert np.array_equal(a, b)
+
+
+def test_the_planner_prices_the_nodes_with_a_hardware_profile(nodes: List[Dict[str, Any]]) -> None:
+    """With hardware="cpu" the planner chooses among the shardings that span nodes (frugal_row_wise,
+    never frugal), predicts the plan no slower than any uniform one, and every rank gets the same
+    choice, with the chosen L in its sharders' config."""
+    from torchrec_frugal.cost_model import planner_shardings
+
+    first = nodes[0]["hardware_plan"]
+    assert set(first["types"]) == {f"t{t}" for t in range(len(TABLE_ROWS))}
+    assert set(first["types"].values()) <= set(planner_shardings(2)) and "frugal" not in first["types"].values()
+    assert set(first["predicted"]) == {"plan", *planner_shardings(2)}
+    assert first["predicted"]["plan"] >= max(v for k, v in first["predicted"].items() if k != "plan") * 0.999
+    assert first["bytes_between"] > 0
+    if "frugal_row_wise" in first["types"].values():
+        assert first["lookahead"] is not None and first["sharder_lookahead"] == first["lookahead"]
+        assert 0 < first["cache_ratio"] <= 1.0 / (len(nodes) // 2)
+    for r in nodes[1:]:
+        assert r["hardware_plan"] == first
 
 
 def test_each_engine_serves_one_node(nodes: List[Dict[str, Any]]) -> None:

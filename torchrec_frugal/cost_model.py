@@ -12,15 +12,17 @@ No TorchRec import here: the planner integration (``torchrec_frugal.torchrec``) 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .profiles import HardwareProfile
+from .profiles import HardwareProfile, ProfileError
 
 FRUGAL = "frugal"
+FRUGAL_ROW_WISE = "frugal_row_wise"  # one row block per node, each served by its node's Frugal engine
+FRUGAL_KINDS = (FRUGAL, FRUGAL_ROW_WISE)
 STOCK_SHARDINGS = ("table_wise", "row_wise", "table_row_wise", "data_parallel")
-SHARDINGS = (FRUGAL,) + STOCK_SHARDINGS
+SHARDINGS = FRUGAL_KINDS + STOCK_SHARDINGS
 TERMS = (
     "dense_compute", "dense_allreduce", "framework", "embedding_lookup", "embedding_update",
     "input_all_to_all", "output_all_to_all", "table_allreduce", "host_reads", "gradient_exchange",
@@ -83,6 +85,12 @@ class RowDistribution:
     @property
     def rows(self) -> int:
         return int(round(self.count.sum()))
+
+    def block(self, n: int) -> "RowDistribution":
+        """One of ``n`` equal row blocks (row_wise sharding) when heat is independent of row
+        order (the synthetic ids are a random permutation): 1/n of each group's rows, each n
+        times as likely among the ids that fall into the block."""
+        return RowDistribution(self.prob * n, self.count / n)
 
     def touched(self, draws: float) -> np.ndarray:
         """Per group: probability that a row is drawn at least once in ``draws`` draws."""
@@ -166,12 +174,19 @@ class Workload:
     state_floats_per_row: float = 1.0  # optimizer state per row: row-wise Adagrad 1, SGD 0, Adam 2 x dim
     dense_state_floats: float = 1.0  # dense optimizer state per parameter (Adagrad 1)
     presample_draws: Optional[float] = None  # ids per table counted to pick Frugal's hot rows; None: exact
+    nodes: int = 1  # machines; world_size ranks split evenly over them (TorchRec's local_world_size)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.world_size < 1:
-            raise ValueError("batch_size and world_size must be >= 1")
+        if self.batch_size < 1 or self.world_size < 1 or self.nodes < 1:
+            raise ValueError("batch_size, world_size and nodes must be >= 1")
+        if self.world_size % self.nodes:
+            raise ValueError(f"world_size {self.world_size} does not split into {self.nodes} nodes of equal size")
         if not self.tables:
             raise ValueError("a workload needs at least one table")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
 
 
 @dataclass(frozen=True)
@@ -279,7 +294,7 @@ def table_traffic(t: CostTable, w: Workload, plan: Plan, device_is_host: bool) -
     d, W = t.distribution, w.world_size
     ids = w.batch_size * t.pooling
     base = TableTraffic(ids=ids, unique_rank=d.expected_unique(ids), unique_all=d.expected_unique(W * ids))
-    if plan.sharding_of(t.name) != FRUGAL:
+    if plan.sharding_of(t.name) not in FRUGAL_KINDS:
         return base
     # Hot rows: W * floor(c N) hottest (by pre-sample), dealt round-robin: each rank holds 1/W of them.
     k = min(t.rows, W * int(plan.cache_ratio * t.rows + 1e-9)) if plan.cache_ratio < 1.0 else t.rows
@@ -302,30 +317,70 @@ def table_traffic(t: CostTable, w: Workload, plan: Plan, device_is_host: bool) -
 
 # ---------------------------------------------------------------------------- primitive costs
 class Primitives:
-    """Seconds of the elementary operations of a step on one profile with ``world`` ranks."""
+    """Seconds of the elementary operations of a step on one profile with ``world`` ranks, of which
+    ``ranks_per_node`` share each machine (default: all on one).
 
-    def __init__(self, hw: HardwareProfile, world: int) -> None:
+    Collectives also count the bytes one rank sends to ranks of its own node and of other nodes
+    (``bytes_within``, ``bytes_between``): what ``examples/comm_counter.py`` measures.
+    """
+
+    def __init__(self, hw: HardwareProfile, world: int, ranks_per_node: Optional[int] = None) -> None:
         self.hw = hw
         self.world = world
+        self.local = ranks_per_node or world
+        self.bytes_within = 0.0
+        self.bytes_between = 0.0
 
     def _shared_bw(self, bw: float) -> float:
         """Without peer-to-peer, every rank's bytes cross host memory twice (written by the
-        sender's device, read by the receiver's): W ranks at once share host_mem_bw / (2 W)."""
-        return bw if self.hw.p2p else min(bw, self.hw.host_mem_bw / (2.0 * self.world))
+        sender's device, read by the receiver's): a node's ranks at once share host_mem_bw / (2 x ranks)."""
+        return bw if self.hw.p2p else min(bw, self.hw.host_mem_bw / (2.0 * self.local))
 
-    def all_to_all(self, bytes_sent: float) -> float:
-        """One all-to-all where each rank sends ``bytes_sent`` to its W - 1 peers in total:
-        (W - 1) x latency + bytes / bandwidth."""
+    def _network_bw(self) -> float:
+        """What one rank sends to other nodes per second while the node's ranks all send: the
+        node's network bandwidth shared by its ranks."""
+        if self.hw.network_bw is None or self.hw.network_latency_s is None:
+            raise ProfileError(
+                f"profile {self.hw.name!r} has no network_bw / network_latency_s: it cannot price "
+                f"{self.world // self.local} nodes; add both fields to the profile (docs/cost_model.md)"
+            )
+        return self.hw.network_bw / self.local
+
+    def exchange(self, within: float, between: float, local_peers: int, remote_peers: int, calls: int = 1) -> float:
+        """One all-to-all in which a rank sends ``within`` bytes to ``local_peers`` ranks of its node
+        and ``between`` bytes to ``remote_peers`` ranks of other nodes: per-peer latencies plus
+        each part over its link. The parts add up: one rank's link (PCIe without peer-to-peer, or
+        its core under gloo) carries both. ``calls`` such all-to-alls (forward and backward: 2)."""
+        t = 0.0
+        if local_peers > 0 and within > 0:
+            self.bytes_within += calls * within
+            t += local_peers * self.hw.a2a_latency_s + within / self._shared_bw(self.hw.a2a_bw)
+        if remote_peers > 0 and between > 0:
+            self.bytes_between += calls * between
+            bw = self._network_bw()
+            t += remote_peers * float(self.hw.network_latency_s) + between / bw
+        return calls * t
+
+    def all_to_all(self, bytes_sent: float, calls: int = 1) -> float:
+        """``calls`` all-to-alls of all ranks where each rank sends ``bytes_sent`` spread evenly over
+        its W - 1 peers: (W - 1) x latency + bytes / bandwidth, split by where the peers are."""
         if self.world == 1 or bytes_sent <= 0:
             return 0.0
-        return (self.world - 1) * self.hw.a2a_latency_s + bytes_sent / self._shared_bw(self.hw.a2a_bw)
+        remote = self.world - self.local
+        share = remote / (self.world - 1)
+        return self.exchange(bytes_sent * (1.0 - share), bytes_sent * share, self.local - 1, remote, calls)
 
     def all_reduce(self, nbytes: float) -> float:
-        """Ring all-reduce: 2 (W - 1) steps, each rank sending 2 (W - 1) / W of the buffer."""
+        """Ring all-reduce: 2 (W - 1) steps, each rank sending 2 (W - 1) / W of the buffer; across
+        nodes, every step waits for the ring's slowest hop (the one between nodes)."""
         if self.world == 1 or nbytes <= 0:
             return 0.0
         steps = 2 * (self.world - 1)
-        return steps * self.hw.allreduce_latency_s + steps / self.world * nbytes / self._shared_bw(self.hw.allreduce_bw)
+        bw, latency = self._shared_bw(self.hw.allreduce_bw), self.hw.allreduce_latency_s
+        if self.local < self.world:
+            bw = min(bw, self._network_bw() * self.local)  # one ring edge per node leaves it: the whole link
+            latency = max(latency, float(self.hw.network_latency_s))
+        return steps * latency + steps / self.world * nbytes / bw
 
     def dense(self, flops: float, ops: float, threads: int) -> float:
         speed = self.hw.dense_flops_per_s * (1.0 + (threads - 1) * self.hw.dense_thread_efficiency)
@@ -384,27 +439,31 @@ class CostModel:
     def threads(self, w: Workload) -> int:
         if not self.hw.device_is_host:
             return 1
-        return w.threads_per_rank or max(1, self.hw.host_cores // w.world_size)
+        return w.threads_per_rank or max(1, self.hw.host_cores // w.ranks_per_node)
 
     def predict(self, w: Workload, plan: Plan) -> StepCost:
         """The predicted step of ``plan``: the terms every step pays (dense compute, DDP, the
         training loop), plus for each sharding the terms of its tables, priced as if they were the
-        only tables (the frugal tables share one engine: its fixed host work, barrier, gradient
-        exchange and flushers; the tables of one stock sharding share its all-to-alls), then the
-        gate stall and the contention of the whole step."""
-        p = Primitives(self.hw, w.world_size)
+        only tables (the frugal tables share one engine per node: its fixed host work, barrier,
+        gradient exchange and flushers; the tables of one stock sharding share its all-to-alls),
+        then the gate stall and the contention of the whole step."""
+        p = Primitives(self.hw, w.world_size, w.ranks_per_node)
         terms = dict.fromkeys(TERMS, 0.0)
         terms.update(self._common(w, p))
         groups = plan.groups(w)
+        if set(FRUGAL_KINDS) <= set(groups):
+            raise ValueError(f"a plan takes {FRUGAL} (one node) or {FRUGAL_ROW_WISE} (several), not both")
         by_sharding: Dict[str, Dict[str, float]] = {}
         mem = background = ids = unique = 0.0
         frugal_details: Dict[str, float] = {}
         for sharding, idx in groups.items():
             part = replace(w, tables=tuple(w.tables[i] for i in idx))
-            traffic = [table_traffic(t, part, plan, self.hw.device_is_host) for t in part.tables]
-            if sharding == FRUGAL:
-                body, m, background, frugal_details = self._frugal(part, plan, p, traffic)
+            if sharding == FRUGAL and w.nodes > 1:
+                raise ValueError(f"{FRUGAL} serves the ranks of one machine; across {w.nodes} nodes use {FRUGAL_ROW_WISE}")
+            if sharding in FRUGAL_KINDS:
+                body, m, background, frugal_details, traffic = self._frugal_row_wise(part, plan, p)
             else:
+                traffic = [table_traffic(t, part, plan, self.hw.device_is_host) for t in part.tables]
                 body, m = self._stock(part, sharding, p, traffic)
             by_sharding[sharding] = body
             for k, v in body.items():
@@ -412,12 +471,15 @@ class CostModel:
             mem += m  # per group, its fullest device: an upper bound when groups fill different ones
             ids += sum(t.ids for t in traffic)
             unique += sum(t.unique_rank for t in traffic)
-        if FRUGAL in groups and plan.lookahead > 0 and not self.hw.device_is_host:
+        if set(groups) & set(FRUGAL_KINDS) and plan.lookahead > 0 and not self.hw.device_is_host:
             # Flushers run beside the step; the gate waits only for what they cannot finish in it.
             terms["gate_stall"] = max(0.0, background - sum(terms.values()))
         terms["contention"] = self._contention(w, terms, background)
         step = sum(terms.values())
         dense_bytes = w.dense.params * F32 * (2.0 + w.dense_state_floats)
+        details = {"ids_per_rank": ids, "unique_rows_per_rank": unique, **frugal_details,
+                   "embedding_bytes_within_node_per_step": w.world_size * p.bytes_within,
+                   "embedding_bytes_between_nodes_per_step": w.world_size * p.bytes_between}  # fmt: skip
         return StepCost(
             sharding=next(iter(groups)) if len(groups) == 1 else "mixed",
             terms=terms,
@@ -425,7 +487,7 @@ class CostModel:
             fits=mem + dense_bytes <= MEMORY_HEADROOM * self.hw.device_memory_bytes,
             memory_bytes_per_device=mem + dense_bytes,
             background_s=background,
-            details={"ids_per_rank": ids, "unique_rows_per_rank": unique, **frugal_details},
+            details=details,
             by_sharding=by_sharding,
         )
 
@@ -469,8 +531,10 @@ class CostModel:
             terms["embedding_update"] = sum(update(i, tr[i].unique_all) for i in busiest)
             terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + B * T * LENGTH_BYTES * (W - 1) / W)
             # pooled embeddings out in the forward, their gradients back in the backward
-            terms["output_all_to_all"] = 2 * p.all_to_all(B * dim_sum * F32 * (W - 1) / W)
+            terms["output_all_to_all"] = p.all_to_all(B * dim_sum * F32 * (W - 1) / W, calls=2)
             mem = max(sum(w.tables[i].rows * sb[i] for i in r) for r in ranks)
+        elif sharding == "table_row_wise" and w.nodes > 1:
+            terms, mem = self._table_row_wise(w, p, tr, lookup, update)
         elif sharding in ("row_wise", "table_row_wise"):
             # One machine: table_row_wise shards every table row-wise over the host's ranks, as row_wise.
             terms["embedding_lookup"] = sum(lookup(i, t.ids, t.unique_all / W) + p.device_stream(W * B * w.tables[i].dim * F32)
@@ -478,7 +542,7 @@ class CostModel:
             terms["embedding_update"] = sum(update(i, t.unique_all / W) for i, t in enumerate(tr))
             terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + (W - 1) * B * T * LENGTH_BYTES)
             # partial sums of all W x B samples: reduce-scatter forward, all-gather of gradients backward
-            terms["output_all_to_all"] = 2 * p.all_to_all((W - 1) * B * dim_sum * F32)
+            terms["output_all_to_all"] = p.all_to_all((W - 1) * B * dim_sum * F32, calls=2)
             mem = sum(t.rows * sb[i] for i, t in enumerate(w.tables)) / W
         elif sharding == "data_parallel":
             terms["embedding_lookup"] = sum(lookup(i, t.ids, t.unique_rank) for i, t in enumerate(tr))
@@ -489,6 +553,33 @@ class CostModel:
             mem = sum(t.rows * (rb[i] + sb[i]) for i, t in enumerate(w.tables))
         else:
             raise ValueError(f"unknown stock sharding {sharding!r}")
+        return terms, mem
+
+    def _table_row_wise(
+        self, w: Workload, p: Primitives, tr: List[TableTraffic], lookup: Callable[[int, float, float], float],
+        update: Callable[[int, float], float],
+    ) -> Tuple[Dict[str, float], float]:
+        """TorchRec's table_row_wise across nodes: each table on one node (greedy, largest first),
+        its rows split over that node's R ranks. Ids go to the table's node; partial pooled sums
+        of all W B samples are reduce-scattered inside the node, then the N B samples each rank
+        then holds go to their nodes (and the gradients back the same way)."""
+        W, N, R, B = w.world_size, w.nodes, w.ranks_per_node, w.batch_size
+        sb = [t.dim * F32 + w.state_floats_per_row * F32 for t in w.tables]
+        costs = [lookup(i, W * t.ids, t.unique_all) + update(i, t.unique_all) for i, t in enumerate(tr)]
+        node = max(assign_tables(costs, N), key=lambda n: sum(costs[i] for i in n))  # the busiest node's tables
+        dim_node = sum(w.tables[i].dim for i in node)
+        terms = {
+            "embedding_lookup": sum(lookup(i, W * tr[i].ids / R, tr[i].unique_all / R)
+                                    + p.device_stream(W * B * w.tables[i].dim * F32) for i in node),
+            "embedding_update": sum(update(i, tr[i].unique_all / R) for i in node),
+        }  # fmt: skip
+        ids = sum(t.ids for t in tr) * INDEX_BYTES + B * len(w.tables) * LENGTH_BYTES
+        # a rank's ids: 1/N stay on its node (spread over its R ranks), (N-1)/N go to the other nodes' W - R ranks
+        terms["input_all_to_all"] = p.exchange(ids / N * (R - 1) / R, ids * (N - 1) / N, R - 1, W - R)
+        within = p.exchange((R - 1) * N * B * dim_node * F32, 0.0, R - 1, 0, calls=2)
+        between = p.exchange(0.0, (N - 1) * B * dim_node * F32, 0, N - 1, calls=2)
+        terms["output_all_to_all"] = within + between
+        mem = sum(w.tables[i].rows * sb[i] for i in node) / R
         return terms, mem
 
     # ------------------------------------------------------------------ Frugal
@@ -541,16 +632,44 @@ class CostModel:
         }
         return terms, mem, background, details
 
+    def _frugal_row_wise(
+        self, w: Workload, plan: Plan, p: Primitives
+    ) -> Tuple[Dict[str, float], float, float, Dict[str, float], List[TableTraffic]]:
+        """Frugal tables. On one node: one engine over every rank (``frugal``; ``frugal_row_wise``
+        with its one block is the same). Across N nodes (``frugal_row_wise``): a table's rows
+        split into one block per node; a rank's ids go to the ranks of its local rank on the
+        blocks' nodes (TorchRec's row-wise input dist over the N-rank cross-node group), where the
+        node's engine serves them as a one-node Frugal over the block (about B ids per rank);
+        the partial pooled sums of the N B samples a rank received go back reduce-scattered over
+        the same group, their gradients the same way. Returns ``_frugal``'s results and the traffic."""
+        if w.nodes == 1:
+            traffic = [table_traffic(t, w, plan, self.hw.device_is_host) for t in w.tables]
+            return (*self._frugal(w, plan, p, traffic), traffic)
+        N, R, B, T = w.nodes, w.ranks_per_node, w.batch_size, len(w.tables)
+        blocks = tuple(replace(t, rows=-(-t.rows // N), distribution=t.distribution.block(N)) for t in w.tables)
+        draws = None if w.presample_draws is None else w.presample_draws / N
+        node = replace(w, tables=blocks, world_size=R, nodes=1, presample_draws=draws)
+        traffic = [table_traffic(t, node, plan, self.hw.device_is_host) for t in blocks]
+        terms, mem, background, details = self._frugal(node, plan, Primitives(self.hw, R), traffic)
+        dim_sum = sum(t.dim for t in w.tables)
+        ids = sum(t.ids for t in traffic)  # a rank's own ids, spread over the N blocks
+        # With L >= 1 a batch's ids cross once more, L steps early, to feed the owning nodes' windows.
+        sent = ids * INDEX_BYTES * (N - 1) / N + (N - 1) * B * T * LENGTH_BYTES
+        terms["input_all_to_all"] = p.exchange(0.0, sent, 0, N - 1, calls=2 if plan.lookahead else 1)
+        terms["output_all_to_all"] = p.exchange(0.0, (N - 1) * B * dim_sum * F32, 0, N - 1, calls=2)
+        terms["embedding_lookup"] += p.device_stream(N * B * dim_sum * F32)  # pooled partial sums of N B samples
+        return terms, mem, background, details, traffic
+
     # ------------------------------------------------------------------ sharing the machine
     def _contention(self, w: Workload, terms: Dict[str, float], background: float) -> float:
         """Wait for a shared resource beyond the rank's own critical path.
 
-        CPU device: every term is CPU time (dense on ``threads`` threads), and W ranks plus their
-        background flushing share ``host_cores``: the step lasts at least W x CPU / cores.
+        CPU device: every term is CPU time (dense on ``threads`` threads), and a node's W ranks
+        plus their background flushing share ``host_cores``: the step lasts at least W x CPU / cores.
         Accelerator: ranks beyond ``devices`` share them (W / devices x device terms), and the
         ranks' host-side terms plus background flushing share the host cores.
         """
-        W, hw = w.world_size, self.hw
+        W, hw = w.ranks_per_node, self.hw  # each node's ranks share its cores and devices
         path = sum(terms.values())
         if hw.device_is_host:
             cpu = path - terms["gate_stall"] + (self.threads(w) - 1) * terms["dense_compute"] + background
@@ -567,6 +686,16 @@ CACHE_RATIO_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2)
 LOOKAHEAD_CHOICES = (0, 2, 5, 10)
 
 
+def frugal_kind(nodes: int) -> str:
+    """Frugal's sharding on ``nodes`` machines: ``frugal`` on one, ``frugal_row_wise`` across several."""
+    return FRUGAL if nodes == 1 else FRUGAL_ROW_WISE
+
+
+def shardings_for(nodes: int) -> Tuple[str, ...]:
+    """The shardings to compare on ``nodes`` machines: Frugal's kind there, then the stock ones."""
+    return (frugal_kind(nodes),) + STOCK_SHARDINGS
+
+
 def recommend_frugal(
     model: CostModel,
     w: Workload,
@@ -578,31 +707,35 @@ def recommend_frugal(
     best: Optional[Tuple[Plan, StepCost]] = None
     for c in cache_ratios:
         for L in lookaheads:
-            plan = Plan(FRUGAL, cache_ratio=c, lookahead=L)
+            plan = Plan(frugal_kind(w.nodes), cache_ratio=c, lookahead=L)
             cost = model.predict(w, plan)
-            if best is None or (cost.fits and not best[1].fits) or (
-                cost.fits == best[1].fits and cost.step_s < best[1].step_s * (1 - 1e-3)
-            ):
+            if _better(cost, None if best is None else best[1]):
                 best = (plan, cost)
     assert best is not None
     return best
 
 
 def predict_all(
-    model: CostModel, w: Workload, frugal: Optional[Plan] = None, shardings: Sequence[str] = SHARDINGS
+    model: CostModel, w: Workload, frugal: Optional[Plan] = None, shardings: Optional[Sequence[str]] = None
 ) -> Dict[str, StepCost]:
-    """Every sharding's predicted step; Frugal with ``frugal``'s settings, or the recommended ones."""
+    """Every sharding's predicted step (default: ``shardings_for(w.nodes)``); Frugal with
+    ``frugal``'s cache ratio and lookahead, or the recommended ones."""
     out: Dict[str, StepCost] = {}
-    for s in shardings:
-        if s == FRUGAL:
-            out[s] = model.predict(w, frugal) if frugal is not None else recommend_frugal(model, w)[1]
+    for s in shardings if shardings is not None else shardings_for(w.nodes):
+        if s in FRUGAL_KINDS:
+            out[s] = model.predict(w, replace(frugal, sharding=s)) if frugal is not None else recommend_frugal(model, w)[1]
         else:
             out[s] = model.predict(w, Plan(s))
     return out
 
 
 PLANNER_SHARDINGS = (FRUGAL, "table_wise", "row_wise", "table_row_wise")
-"""What a table may take when the planner chooses (data_parallel replicates whole tables)."""
+"""What a table may take when the planner chooses on one node (data_parallel replicates whole
+tables); across nodes ``frugal_row_wise`` takes frugal's place (:func:`planner_shardings`)."""
+
+
+def planner_shardings(nodes: int) -> Tuple[str, ...]:
+    return (frugal_kind(nodes),) + PLANNER_SHARDINGS[1:]
 
 
 @dataclass
@@ -635,7 +768,7 @@ def choose_plan(
 ) -> PlanChoice:
     """A sharding per table, a cache ratio and a lookahead of least predicted step time.
 
-    ``candidates`` maps each table to the shardings it may take (default: ``PLANNER_SHARDINGS``;
+    ``candidates`` maps each table to the shardings it may take (default: ``planner_shardings``;
     a table with one candidate is fixed). A local search starts from each uniform plan (every
     table on one sharding where it allows it, Frugal's settings tuned) and alternates: each table
     in turn, largest first, moves to the sharding that lowers the predicted step of the whole
@@ -646,14 +779,14 @@ def choose_plan(
     uniform plan.
     """
     names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
-    cand = {n: tuple((candidates or {}).get(n, PLANNER_SHARDINGS)) for n in names}
+    cand = {n: tuple((candidates or {}).get(n, planner_shardings(w.nodes))) for n in names}
     if any(not c for c in cand.values()):
         raise ValueError("every table needs at least one candidate sharding")
 
     def tune(assign: Dict[str, str], plan: Plan, cost: Optional[StepCost]) -> Tuple[Plan, StepCost]:
         """The best cache ratio and L for ``assign`` (kept as in ``plan`` on ties)."""
         best = (plan, cost if cost is not None else model.predict(w, plan))
-        if FRUGAL in assign.values():
+        if set(assign.values()) & set(FRUGAL_KINDS):
             for c in cache_ratios:
                 for L in lookaheads:
                     trial = Plan.of(assign, c, L)

@@ -1,10 +1,12 @@
 """What will Frugal do on my GPUs? Predicted samples/s of every sharding for a DLRM configuration.
 
     python -m torchrec_frugal.estimate --config criteo-kaggle --scale 1 --gpus 8 --batch-size 1024 --hardware rtx3090
+    python -m torchrec_frugal.estimate --config criteo-tb --gpus 8 --nodes 4 --hardware h200
     python -m torchrec_frugal.estimate ... --json out.json --plot out.png
     python -m torchrec_frugal.estimate --calibrate my_machine.json [--base rtx3090] [--device cuda]
 
-Prints, for Frugal and TorchRec's table_wise, row_wise, table_row_wise and data_parallel shardings,
+Prints, for Frugal (frugal_row_wise across nodes) and TorchRec's table_wise, row_wise, table_row_wise
+and data_parallel shardings,
 the predicted samples/s, the step's terms (docs/cost_model.md) and the recommended Frugal settings
 (cache ratio and lookahead of least predicted step time). Every figure is a prediction of the cost
 model on a hardware profile (shipped: cpu, h200, rtx3090, rtx4090, a30; or a JSON file of your own).
@@ -18,8 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .cost_model import (
-    FRUGAL,
-    SHARDINGS,
+    FRUGAL_KINDS,
     TERMS,
     CostModel,
     CostTable,
@@ -27,8 +28,10 @@ from .cost_model import (
     Plan,
     StepCost,
     Workload,
+    frugal_kind,
     predict_all,
     recommend_frugal,
+    shardings_for,
 )
 from .datasets import DATASETS, DatasetConfig, ModelConfig, SkewConfig
 from .profiles import HardwareProfile, ProfileError, builtin_profiles, load_profile
@@ -66,10 +69,11 @@ def dlrm_workload(
     presample_steps: int = PRESAMPLE_STEPS,
     threads_per_rank: Optional[int] = None,
     min_rows: int = 1000,
+    nodes: int = 1,
 ) -> Workload:
     """The DLRM example's workload: one id per sample and table, Zipf(s) ids as its synthetic data
     draws them (s by table size), hot rows counted over ``presample_steps`` batches of every rank
-    (0: the true hottest rows)."""
+    (0: the true hottest rows); ``world_size`` ranks in all, over ``nodes`` machines."""
     if config not in DATASETS:
         raise ValueError(f"unknown config {config!r}; choose one of {sorted(DATASETS)}")
     ds = DATASETS[config]
@@ -83,6 +87,7 @@ def dlrm_workload(
         world_size=world_size,
         threads_per_rank=threads_per_rank,
         presample_draws=float(presample_steps * batch_size * world_size) if presample_steps else None,
+        nodes=nodes,
     )
 
 
@@ -106,18 +111,23 @@ def best_sharding(costs: Dict[str, StepCost]) -> str:
     return max(fitting, key=lambda n: costs[n].samples_per_second)
 
 
+def workload(args: argparse.Namespace, gpus: int) -> Workload:
+    """The workload of the command line with ``gpus`` GPUs per node."""
+    return dlrm_workload(args.config, gpus * args.nodes, args.batch_size, args.scale, args.model,
+                         presample_steps=args.presample_steps, nodes=args.nodes)  # fmt: skip
+
+
 def scaling(hw: HardwareProfile, args: argparse.Namespace, counts: Sequence[int]) -> Dict[str, List[float]]:
-    """Predicted samples/s of every sharding (Frugal with its recommended settings) per GPU count."""
-    out: Dict[str, List[float]] = {s: [] for s in SHARDINGS}
+    """Predicted samples/s of every sharding (Frugal with its recommended settings) per GPU count of a node."""
+    out: Dict[str, List[float]] = {s: [] for s in shardings_for(args.nodes)}
     model = CostModel(hw)
     for n in counts:
-        w = dlrm_workload(args.config, n, args.batch_size, args.scale, args.model, presample_steps=args.presample_steps)
-        for s, c in predict_all(model, w, _fixed_frugal(args)).items():
+        for s, c in predict_all(model, workload(args, n), _fixed_frugal(args)).items():
             out[s].append(c.samples_per_second)
     return out
 
 
-def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], title: str) -> None:
+def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], title: str, nodes: int = 1) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,10 +135,10 @@ def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], titl
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for s, ys in curves.items():
-        ax.plot(counts, ys, marker="o", label=s, linewidth=2.5 if s == FRUGAL else 1.2)
+        ax.plot(counts, ys, marker="o", label=s, linewidth=2.5 if s in FRUGAL_KINDS else 1.2)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(counts), [str(c) for c in counts])
-    ax.set_xlabel("GPUs (ranks)")
+    ax.set_xlabel("GPUs (ranks) per node" if nodes > 1 else "GPUs (ranks)")
     ax.set_ylabel("predicted samples/s")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -141,7 +151,7 @@ def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], titl
 def _fixed_frugal(args: argparse.Namespace) -> Optional[Plan]:
     if args.cache_ratio is None and args.lookahead is None:
         return None
-    return Plan(FRUGAL, cache_ratio=0.05 if args.cache_ratio is None else args.cache_ratio,
+    return Plan(frugal_kind(args.nodes), cache_ratio=0.05 if args.cache_ratio is None else args.cache_ratio,
                 lookahead=10 if args.lookahead is None else args.lookahead)  # fmt: skip
 
 
@@ -149,7 +159,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle")
     ap.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's; 1 = the real dataset)")
-    ap.add_argument("--gpus", type=int, default=8, help="ranks (GPUs, or CPU ranks on the cpu profile)")
+    ap.add_argument("--gpus", type=int, default=8, help="ranks per node (GPUs, or CPU ranks on the cpu profile)")
+    ap.add_argument("--nodes", type=int, default=1, help="machines, --gpus each; across nodes Frugal is frugal_row_wise "
+                    "and the profile's network_bw prices what crosses the network")
     ap.add_argument("--batch-size", type=int, default=1024, help="per rank")
     ap.add_argument("--hardware", default="rtx3090", help=f"a profile name ({', '.join(builtin_profiles())}) or a JSON file")
     ap.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm")
@@ -163,8 +175,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--base", default=None, help="--calibrate: profile for what cannot be measured (default: cpu, or h200 with --device cuda)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--calibrate: the device ranks train on")
     args = ap.parse_args(argv)
-    if args.gpus < 1 or args.batch_size < 1:
-        ap.error("--gpus and --batch-size must be >= 1")
+    if args.gpus < 1 or args.batch_size < 1 or args.nodes < 1:
+        ap.error("--gpus, --nodes and --batch-size must be >= 1")
     return args
 
 
@@ -181,28 +193,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    w = dlrm_workload(args.config, args.gpus, args.batch_size, args.scale, args.model, presample_steps=args.presample_steps)
+    w = workload(args, args.gpus)
     model = CostModel(hw)
     fixed = _fixed_frugal(args)
-    costs = predict_all(model, w, fixed)
+    try:
+        costs = predict_all(model, w, fixed)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     plan = fixed or recommend_frugal(model, w)[0]
     rows = sum(t.rows for t in w.tables)
     best = best_sharding(costs)
+    where = f"{args.nodes} nodes x {args.gpus} ranks" if args.nodes > 1 else f"{args.gpus} ranks"
     head = (f"{args.config} ({len(w.tables)} tables, {rows:,} rows, dim {w.tables[0].dim}), {args.model}, "
-            f"{args.gpus} ranks x batch {args.batch_size} on {hw.name}: {hw.description}")  # fmt: skip
+            f"{where} x batch {args.batch_size} on {hw.name}: {hw.description}")  # fmt: skip
     print(head + "\n\nPREDICTED by the cost model (docs/cost_model.md), not measured:\n")
     print(breakdown_table(costs))
-    fr = costs[FRUGAL]
-    print(f"\nfrugal settings: cache ratio {plan.cache_ratio:g}, lookahead L={plan.lookahead}"
+    fr = costs[frugal_kind(args.nodes)]
+    print(f"\n{frugal_kind(args.nodes)} settings: cache ratio {plan.cache_ratio:g}, lookahead L={plan.lookahead}"
           + (" (fixed)" if fixed else " (recommended: least predicted step time)")
           + f"; predicted cache hits {100 * fr.details['cache_hit_ratio']:.1f}%, "
           f"{fr.details['host_rows_per_rank']:,.0f} host rows per rank and step, "
           f"background flushing {1e3 * fr.background_s:.3f} ms per step")  # fmt: skip
+    if args.nodes > 1:
+        print("embedding bytes between nodes per step (all ranks): " + ", ".join(
+            f"{n} {c.details['embedding_bytes_between_nodes_per_step'] / 1e6:,.1f} MB" for n, c in costs.items()))  # fmt: skip
     print(f"fastest predicted sharding that fits: {best} ({costs[best].samples_per_second:,.0f} samples/s)")
     if args.json:
         doc = {
             "prediction": True,
-            "config": args.config, "scale": args.scale, "model": args.model, "gpus": args.gpus,
+            "config": args.config, "scale": args.scale, "model": args.model, "gpus": args.gpus, "nodes": args.nodes,
             "batch_size": args.batch_size, "hardware": hw.name, "rows": rows,
             "recommended": {"sharding": best, "cache_ratio": plan.cache_ratio, "lookahead": plan.lookahead},
             "shardings": {n: {**c.to_json(), "terms": {k: v for k, v in c.terms.items()}} for n, c in costs.items()},
@@ -212,7 +232,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"wrote {args.json}")
     if args.plot:
         counts = sorted(set(GPU_COUNTS) | {args.gpus})
-        plot(args.plot, counts, scaling(hw, args, counts), head.split(": ")[0] + " (predicted)")
+        plot(args.plot, counts, scaling(hw, args, counts), head.split(": ")[0] + " (predicted)", args.nodes)
         print(f"wrote {args.plot}")
     return 0
 

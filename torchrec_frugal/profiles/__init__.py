@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 DEVICE_KINDS = ("cpu", "cuda")
 _DIR = Path(__file__).resolve().parent
@@ -67,6 +67,9 @@ class HardwareProfile:
     engine_row_s: float  # per distinct row of the step (lookup plan, exchange, queue)
     lookahead_row_s: float  # per distinct announced row when L > 0 (window bookkeeping)
     sync_latency_s: float  # one barrier of the ranks through shared memory
+    # between machines (optional: only plans spanning nodes need them)
+    network_bw: Optional[float] = None  # bytes/s one node sends to the others (its NICs together)
+    network_latency_s: Optional[float] = None  # per remote peer and call
     notes: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form facts (measured points, dates)
 
@@ -107,10 +110,10 @@ class HardwareProfile:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
-_OPTIONAL = {"notes", "extra"}
+_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s"}
 _NONNEGATIVE = {"dense_thread_efficiency", "op_overhead_s", "framework_step_s", "framework_id_s", "framework_dist_step_s",
                 "kernel_id_s", "a2a_latency_s", "allreduce_latency_s", "engine_step_s", "engine_row_s",
-                "lookahead_row_s", "sync_latency_s"}  # fmt: skip
+                "lookahead_row_s", "sync_latency_s", "network_latency_s"}  # fmt: skip
 
 
 def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProfile:
@@ -129,6 +132,9 @@ def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProf
         if name not in d:
             continue
         v = d[name]
+        if name in ("network_bw", "network_latency_s") and v is None:
+            out[name] = None
+            continue
         if name in ("name", "description", "notes"):
             if not isinstance(v, str):
                 raise ProfileError(f"{where}: field {name!r} must be a string, got {v!r}")

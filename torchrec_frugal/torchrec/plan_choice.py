@@ -29,7 +29,6 @@ from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ModuleSharder
 
 from ..cost_model import (
-    PLANNER_SHARDINGS,
     SHARDINGS,
     CostModel,
     CostTable,
@@ -38,6 +37,7 @@ from ..cost_model import (
     RowDistribution,
     Workload,
     choose_plan,
+    planner_shardings,
 )
 from ..datasets import SkewConfig
 from ..optimizers import state_width
@@ -62,6 +62,7 @@ class TableCandidates:
         sharders: Sequence[ModuleSharder[nn.Module]],
         constraints: Mapping[str, ParameterConstraints],
         compute_device: str,
+        nodes: int = 1,
     ) -> None:
         by_type = {sharder_name(s.module_type): s for s in sharders}
         self.shapes: Dict[str, Tuple[int, int]] = {}
@@ -79,7 +80,7 @@ class TableCandidates:
                 table_numel += param.numel()
                 c = constraints.get(name)
                 if c is None or c.sharding_types is None:
-                    cand = tuple(s for s in PLANNER_SHARDINGS if s in offered)
+                    cand = tuple(s for s in planner_shardings(nodes) if s in offered)
                     self.free.add(name)
                 else:  # kept as the user constrained it; modelled with its first type the model knows
                     cand = tuple(s for s in c.sharding_types if s in SHARDINGS)[:1]
@@ -116,8 +117,10 @@ def choose(
     cache_ratios: Sequence[float],
     id_counts: Optional[Mapping[str, Union[torch.Tensor, Sequence[float]]]] = None,
     zipf_s: Optional[float] = None,
+    nodes: int = 1,
 ) -> Tuple[Workload, PlanChoice]:
-    """The workload of ``tables`` and the cost model's choice for it (predictions)."""
+    """The workload of ``tables`` on ``world_size`` ranks over ``nodes`` machines, and the cost
+    model's choice for it (predictions)."""
     cost_tables: List[CostTable] = []
     for name, (rows, dim) in tables.shapes.items():
         counts = (id_counts or {}).get(name)
@@ -132,5 +135,6 @@ def choose(
         batch_size=batch_size,
         world_size=world_size,
         state_floats_per_row=tables.state_floats_per_row(),
+        nodes=nodes,
     )
     return w, choose_plan(CostModel(hardware), w, tables.candidates, cache_ratios=cache_ratios)

@@ -293,18 +293,15 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         """With a hardware profile: the cost model's sharding for each free table (else none)."""
         if self._hardware is None:
             return {}
-        if self._nodes() > 1:
-            raise NotImplementedError(
-                f"FrugalShardingPlanner(hardware=...): the cost model prices one node, the topology has "
-                f"{self._nodes()}; plan without a hardware profile (tables go {FRUGAL_ROW_WISE})"
-            )
-        tables = TableCandidates(module, sharders, self._user_constraints, self._topology.compute_device)
+        nodes = self._nodes()
+        tables = TableCandidates(module, sharders, self._user_constraints, self._topology.compute_device, nodes)
         if not tables.shapes:
             return {}
         world = self._topology.world_size
-        ratios = [c for c in CACHE_RATIO_CHOICES if c <= 1.0 / world] or [1.0 / world]
+        per_engine = world // nodes  # frugal: all ranks of the one node; frugal_row_wise: a node's ranks
+        ratios = [c for c in CACHE_RATIO_CHOICES if c <= 1.0 / per_engine] or [1.0 / per_engine]
         self._choice = choose(
-            tables, self._hardware, self._batch_size, world, ratios, self._id_counts, self._zipf_s
+            tables, self._hardware, self._batch_size, world, ratios, self._id_counts, self._zipf_s, nodes
         )
         plan = self._choice[1].plan
         logger.info(f"FrugalShardingPlanner: predicted best plan on {self._hardware.name!r}: {plan}")
@@ -381,7 +378,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             return best_plan
         w, choice = self._choice
         plan = choice.plan
-        if any(so.sharding_type == FRUGAL for so in best_plan):
+        if any(so.sharding_type in FRUGAL_TYPES for so in best_plan):
             self.lookahead = plan.lookahead
         if self.cache_ratio is not None:  # frugal tables were sized: predict the ratio they got
             plan = replace(plan, cache_ratio=self.cache_ratio)

@@ -5,7 +5,9 @@ rendezvous, ``--nproc`` ranks each, a shared-memory directory per node: ``run_tr
 with ``--count-comm``: besides samples/s (all ranks, after the warm-up), the bytes the embedding
 collectives send per step, all ranks together, to ranks of another node (what would cross the
 network) and to other ranks of the same node. The shardings run in turn, ``--repeats`` rounds,
-the first rotated by one each round; the table reports medians and ratios to row_wise.
+the first rotated by one each round; the table reports medians and ratios to row_wise. ``planned``
+is train.py's FrugalShardingPlanner with ``--hardware`` set to the profile of the simulated nodes:
+the cost model chooses each table's sharding, the cache ratio and L.
 
     python benchmarks/bench_nodes.py --json benchmarks/results/nodes.json --plot benchmarks/results/nodes.png
     python benchmarks/bench_nodes.py --lookahead 0 --json benchmarks/results/nodes_l0.json --plot benchmarks/results/nodes_l0.png
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +51,7 @@ SHARDINGS = {
     "frugal_row_wise": ["--sharding", "frugal_row_wise"],
     "row_wise": ["--sharder", "torchrec", "--sharding", "row_wise"],
     "table_row_wise": ["--sharder", "torchrec", "--sharding", "table_row_wise"],
+    "planned": ["--sharder", "frugal"],  # FrugalShardingPlanner with the simulated nodes' profile (--hardware)
 }
 
 
@@ -78,18 +83,29 @@ def simulated(profile: HardwareProfile, nodes: int) -> HardwareProfile:
     return replace(profile, host_cores=max(1, profile.host_cores // nodes), devices=max(1, profile.devices // nodes))
 
 
-def predictions(args: argparse.Namespace, profile: HardwareProfile, names: Sequence[str]) -> Dict[str, Dict[str, float]]:
+def run_plan(name: str, args: argparse.Namespace, recorded: Optional[Dict[str, Any]]) -> Plan:
+    """The plan a run trained: uniform, or (planned) the per-table choice its summary recorded."""
+    if name != "planned":
+        return Plan(name, cache_ratio=CACHE_RATIO, lookahead=args.lookahead)
+    if not recorded:
+        raise ValueError("a planned run needs the plan its summary recorded")
+    return Plan.of(recorded["shardings"], recorded["cache_ratio"] or CACHE_RATIO, recorded["lookahead"])
+
+
+def predictions(args: argparse.Namespace, profile: HardwareProfile, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
     """The cost model's samples/s and bytes per step (all ranks) for each sharding of the runs."""
     w = dlrm_workload(args.config, args.nodes * args.nproc, args.batch_size, args.scale,
                       presample_steps=PRESAMPLE_STEPS, threads_per_rank=1, nodes=args.nodes)  # fmt: skip
     model = CostModel(simulated(profile, args.nodes))
-    out: Dict[str, Dict[str, float]] = {}
-    for name in names:
-        c = model.predict(w, Plan(name, cache_ratio=CACHE_RATIO, lookahead=args.lookahead))
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, rs in runs.items():
+        c = model.predict(w, run_plan(name, args, rs[0].get("plan") if rs else None))
         out[name] = {"samples_per_second": c.samples_per_second,
                      "bytes_between_nodes_per_step": c.details["embedding_bytes_between_nodes_per_step"],
                      "bytes_within_node_per_step": c.details["embedding_bytes_within_node_per_step"],
                      "terms_ms": {k: 1e3 * v for k, v in c.terms.items() if v}}  # fmt: skip
+        if name == "planned" and rs:
+            out[name]["plan"] = rs[0]["plan"]
     return out
 
 
@@ -127,8 +143,12 @@ def plot(path: Path, table: Dict[str, Dict[str, float]], title: str) -> None:
 
     names = list(table)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    axes[0].bar(names, [table[n]["samples_per_second"] for n in names], color="tab:blue")
+    axes[0].bar(names, [table[n]["samples_per_second"] for n in names], color="tab:blue", label="measured (median)")
+    if all("predicted" in table[n] for n in names):
+        axes[0].scatter(names, [table[n]["predicted"]["samples_per_second"] for n in names], color="black",
+                        marker="D", zorder=3, label="predicted (cost model)")  # fmt: skip
     axes[0].set_ylabel("samples/s (all ranks)")
+    axes[0].legend(fontsize=8, loc="lower right")
     between = [table[n]["bytes_between_nodes_per_step"] / 1e6 for n in names]
     within = [table[n]["bytes_within_node_per_step"] / 1e6 for n in names]
     axes[1].bar(names, between, label="between nodes", color="tab:red")
@@ -137,7 +157,7 @@ def plot(path: Path, table: Dict[str, Dict[str, float]], title: str) -> None:
     axes[1].legend()
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=15)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 140), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -174,7 +194,7 @@ def repredict(args: argparse.Namespace) -> int:
     recorded = argparse.Namespace(**doc["args"])
     profile = load_profile(args.profile)
     table = {n: {k: v for k, v in r.items() if k not in ("predicted", "error", "bytes_error")} for n, r in doc["table"].items()}
-    with_predictions(table, predictions(recorded, profile, list(table)))
+    with_predictions(table, predictions(recorded, profile, doc["runs"]))
     text = markdown(table, head_line(recorded, profile.name))
     print(text)
     doc.update(table=table, markdown=text, profile=profile.name)
@@ -188,19 +208,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return repredict(args)
     profile = load_profile(args.profile)
     train_py = ROOT / "examples" / "dlrm" / "train.py"
+    # the planner of "planned" prices the simulated nodes as they are (each its share of the cores)
+    sim_profile = (args.json.with_name(args.json.stem + "_profile.json") if args.json
+                   else Path(tempfile.mkdtemp(prefix="bench_nodes_")) / "profile.json").resolve()  # fmt: skip
+    simulated(profile, args.nodes).save(sim_profile)
+    if sim_profile.is_relative_to(ROOT):
+        sim_profile = sim_profile.relative_to(ROOT)  # train.py runs in ROOT; the recorded command stays portable
     common = ["--config", args.config, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
               "--log-every", "0", "--count-comm"] + (["--scale", f"{args.scale:g}"] if args.scale else [])  # fmt: skip
-    shardings = dict(SHARDINGS, frugal_row_wise=SHARDINGS["frugal_row_wise"] + ["--lookahead", str(args.lookahead)])
+    shardings = dict(SHARDINGS, frugal_row_wise=SHARDINGS["frugal_row_wise"] + ["--lookahead", str(args.lookahead)],
+                     planned=SHARDINGS["planned"] + ["--hardware", str(sim_profile)])  # fmt: skip
     runs: Dict[str, List[Dict[str, Any]]] = {n: [] for n in args.shardings}
     t0 = time.perf_counter()
     for name in tqdm(schedule(args.shardings, args.repeats), desc="bench_nodes runs"):
         s = run_train_nodes(train_py, common + shardings[name], nodes=args.nodes, nproc=args.nproc, threads=1,
                             timeout_s=args.timeout)  # fmt: skip
-        runs[name].append({k: s[k] for k in ("samples_per_second", "comm", "loss", "auc", "wall_s", "command")})
+        runs[name].append({k: s[k] for k in ("samples_per_second", "comm", "loss", "auc", "wall_s", "command", "plan")})
         tqdm.write(f"{name}: {s['samples_per_second']:,.0f} samples/s, {s['comm']['bytes_between_nodes_per_step']:,.0f} "
                    f"bytes between nodes per step")  # fmt: skip
     table = summarize(runs)
-    with_predictions(table, predictions(args, profile, list(table)))
+    with_predictions(table, predictions(args, profile, runs))
     head = head_line(args, profile.name)
     text = markdown(table, head)
     print("\n" + text)

@@ -130,8 +130,9 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
     - ``config``: its ``cache_ratio`` caps the per-rank cache ratio (default: the frugal sharders'
       configs); without ``hardware`` every free table goes "frugal".
     - ``hardware``: a profile name ("rtx3090", "cpu", ...), a profile JSON path or a
-      ``HardwareProfile``. Each free table then goes to frugal, table_wise, row_wise or
-      table_row_wise (what its sharder offers), and the frugal tables' cache ratio and lookahead
+      ``HardwareProfile``. Each free table then goes to frugal (frugal_row_wise on a topology of
+      several nodes), table_wise, row_wise or table_row_wise (what its sharder offers), and the
+      frugal tables' cache ratio and lookahead
       are chosen, by least predicted step time (:func:`torchrec_frugal.cost_model.choose_plan`);
       the cache ratio is then the smaller of the chosen one and what device memory holds.
     - ``id_counts``: per table, id counts of a pre-sample (the distribution the prediction uses);

@@ -233,6 +233,14 @@ def gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.cat(out).cpu()
 
 
+def check_hardware(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--hardware`` plans with FrugalShardingPlanner: refuse it beside TorchRec's own sharder
+    rather than ignore it."""
+    if args.hardware is not None and args.sharder != "frugal":
+        p.error(f"--hardware {args.hardware} plans with FrugalShardingPlanner, which only --sharder frugal uses "
+                f"(got --sharder {args.sharder}); add --sharder frugal")
+
+
 def check_steps(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Validate ``--steps`` and default ``--warmup`` to min(20, steps // 5)."""
     if args.steps < 1:

@@ -85,6 +85,11 @@ def test_bytes_between_and_within_nodes_follow_the_dists(lookahead):
     # table_row_wise: whole tables per node; pooled sums reduce-scattered inside, then N B samples across
     twrw = costs["table_row_wise"].details
     assert twrw[BYTES[0]] < costs[FRUGAL_ROW_WISE].details[BYTES[0]] and twrw[BYTES[1]] > 0
+    # table_wise: pooled embeddings of B samples, (W - R) / W of them to other nodes: fewer than
+    # frugal_row_wise's partial sums of N B samples, but half its bytes stay within the node
+    tw = costs["table_wise"].details
+    assert tw[BYTES[0]] == pytest.approx(W * (2 * B * D * F32 + ids + B * T * 4) * (W - 1) / W * (W - R) / (W - 1))
+    assert tw[BYTES[0]] < costs[FRUGAL_ROW_WISE].details[BYTES[0]] and tw[BYTES[1]] > 0
     assert costs["data_parallel"].details[BYTES[0]] == 0.0  # only all-reduces, not counted as embedding dists
 
 

@@ -145,3 +145,33 @@ def test_two_nodes_train_frugal_row_wise_like_stock_row_wise():
     fc, rc = f["comm"], r["comm"]
     assert fc["bytes_within_node_per_step"] == 0 and rc["bytes_within_node_per_step"] > 0
     assert 0 < fc["bytes_between_nodes_per_step"] <= rc["bytes_between_nodes_per_step"]
+
+
+def test_two_nodes_plan_by_the_cost_model(tmp_path):
+    """--hardware on two torchrun launches: the planner prices the nodes. With all-to-alls inside
+    a node made very slow in the profile (GPUs without peer-to-peer, exaggerated), it puts every
+    table on frugal_row_wise, which sends nothing within a node, and the run trains with the
+    chosen L. (With a slow network instead, table_wise and table_row_wise send fewer bytes
+    between nodes than frugal_row_wise's partial sums: tests/test_cost_model_nodes.py.)"""
+    from dataclasses import replace
+
+    from examples.demo import run_train_nodes
+    from torchrec_frugal.profiles import load_profile
+
+    cpu = load_profile("cpu")
+    slow = replace(cpu, name="slow_a2a", a2a_bw=cpu.a2a_bw / 1e3)
+    slow.save(tmp_path / "slow_a2a.json")
+    train_py = os.path.join(ROOT, "examples", "dlrm", "train.py")
+    args = TINY + ["--steps", "30", "--count-comm", "--sharder", "frugal", "--hardware", str(tmp_path / "slow_a2a.json")]
+    s = run_train_nodes(train_py, args, nodes=2, nproc=2, timeout_s=300)
+    assert set(s["plan"]["shardings"].values()) == {"frugal_row_wise"}, s["plan"]
+    assert s["plan"]["lookahead"] == s["lookahead"] and 0 < s["plan"]["cache_ratio"] <= 0.5
+    assert s["comm"]["bytes_within_node_per_step"] == 0 and s["comm"]["bytes_between_nodes_per_step"] > 0
+
+
+def test_hardware_without_the_frugal_sharder_is_refused(capsys):
+    """--hardware plans with FrugalShardingPlanner: beside TorchRec's sharder it is an error, not ignored."""
+    with pytest.raises(SystemExit):
+        parse_args(["--hardware", "cpu"])
+    assert "--hardware cpu plans with FrugalShardingPlanner" in capsys.readouterr().err
+    assert parse_args(["--sharder", "frugal", "--hardware", "cpu"]).hardware == "cpu"

@@ -66,6 +66,7 @@ from examples.common import (
     SHARDERS,
     FrugalStats,
     add_frugal_arguments,
+    check_hardware,
     check_steps,
     combined_optimizer,
     gather_cat,
@@ -234,6 +235,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.sharder = "frugal"
     if args.data != "synthetic" and not args.data_path:
         p.error(f"--data {args.data} needs --data-path")
+    check_hardware(p, args)
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
     return args

@@ -58,6 +58,7 @@ from examples.common import (
     SHARDERS,
     FrugalStats,
     add_frugal_arguments,
+    check_hardware,
     check_steps,
     combined_optimizer,
     gather_cat,
@@ -249,6 +250,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.sharding == "frugal_row_wise":
         args.sharder = "frugal"
+    check_hardware(p, args)
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
     if args.dataset == "tsv" and not args.data_path:

@@ -1,9 +1,10 @@
-"""Per-step cost model of synchronous embedding training on the ranks of one machine.
+"""Per-step cost model of synchronous embedding training on the ranks of one machine or of several.
 
-For a workload (tables, id distributions, batch, dense model), a plan (a sharding per table, cache
-ratio, lookahead) and a hardware profile (:mod:`torchrec_frugal.profiles`), it predicts the time of
-one training step as a sum of named terms, for Frugal and for TorchRec's table_wise, row_wise,
-table_row_wise and data_parallel shardings, alone or mixed table by table. Every figure it returns
+For a workload (tables, id distributions, batch, dense model, ranks and nodes), a plan (a sharding
+per table, cache ratio, lookahead) and a hardware profile (:mod:`torchrec_frugal.profiles`), it
+predicts the time of one training step as a sum of named terms, for Frugal (frugal_row_wise across
+nodes) and for TorchRec's table_wise, row_wise, table_row_wise and data_parallel shardings, alone
+or mixed table by table. Every figure it returns
 is a prediction; the formulas and the sources of the profiles' constants are in
 ``docs/cost_model.md``. :func:`choose_plan` picks the plan of least predicted step.
 

@@ -180,3 +180,34 @@ def test_bench_nodes_predicts_its_recorded_runs(tmp_path, result):
         assert abs(row["error"]) < 0.30, (name, row["error"])
         assert abs(row["bytes_error"]) < 0.05, (name, row["bytes_error"])
         assert row["error"] == pytest.approx(row["predicted"]["samples_per_second"] / row["samples_per_second"] - 1)
+
+
+# ---------------------------------------------------------------------------- host memory
+def test_frugal_tables_must_fit_in_host_memory():
+    """Frugal keeps each table whole in one node's host memory (frugal_row_wise: the node's block),
+    with its optimizer state: a profile with too little host memory makes the plan not fit, and
+    the planner then takes a stock sharding."""
+    hw = load_profile("rtx3090")
+    w = workload(world=4, nodes=1)
+    need = sum(t.rows * (t.dim + w.state_floats_per_row) * F32 for t in w.tables)
+    c = CostModel(hw).predict(w, Plan(FRUGAL))
+    assert c.host_memory_bytes_per_node == pytest.approx(need) and c.fits
+    two = workload(world=4, nodes=2)
+    half = sum(-(-t.rows // 2) * (t.dim + two.state_floats_per_row) * F32 for t in two.tables)
+    assert CostModel(hw).predict(two, Plan(FRUGAL_ROW_WISE)).host_memory_bytes_per_node == pytest.approx(half)
+    assert CostModel(hw).predict(w, Plan("table_wise")).host_memory_bytes_per_node == 0.0  # on the GPUs
+    small = replace(hw, host_memory_bytes=need / 2)
+    assert not CostModel(small).predict(w, Plan(FRUGAL)).fits
+    assert CostModel(small).predict(w, Plan("table_wise")).fits
+    choice = choose_plan(CostModel(small), w)
+    assert FRUGAL not in {choice.plan.sharding_of(t.name) for t in w.tables} and choice.cost.fits
+    # without the field, host memory is not checked
+    assert CostModel(replace(hw, host_memory_bytes=None)).predict(w, Plan(FRUGAL)).fits
+
+
+def test_on_a_cpu_device_every_rank_lives_in_host_memory():
+    hw = load_profile("cpu")
+    w = workload(world=2, nodes=1)
+    c = CostModel(hw).predict(w, Plan("table_wise"))
+    assert c.host_memory_bytes_per_node == pytest.approx(2 * c.memory_bytes_per_device)
+    assert hw.host_memory_bytes == pytest.approx(24 * 2**30)

@@ -104,6 +104,8 @@ def fit_profile(m: Dict[str, Any], base: HardwareProfile, name: str) -> Hardware
     )
     if "h2d" in m:
         fields.update(h2d_bw=bw("h2d"), d2h_bw=bw("d2h"))
+    if "host_memory_bytes" in m:  # older measurements lack it: keep base's
+        fields.update(host_memory_bytes=m["host_memory_bytes"])
     if base.device == "cpu":
         # Nodes of CPU ranks on one machine (the simulated nodes of the tests) talk over gloo on
         # loopback, as its ranks do: the 2 measured ranks' sends together. A real network cannot be
@@ -216,7 +218,8 @@ def measure(device: str = "cpu", reps: int = 5, log: Callable[[str], None] = pri
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     out: Dict[str, Any] = {"machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, {device})",
-                           "cores": os.cpu_count() or 1, "device": device}  # fmt: skip
+                           "cores": os.cpu_count() or 1, "device": device,
+                           "host_memory_bytes": float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))}  # fmt: skip
 
     def timed(key: str, nbytes: float, fn: Callable[[], object]) -> None:
         out[key] = {"bytes": float(nbytes), "s": median_s(fn, reps, warmup=1, sync=sync)}

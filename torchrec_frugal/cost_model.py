@@ -241,9 +241,10 @@ class StepCost:
     sharding: str  # the plan's one sharding, or "mixed"
     terms: Dict[str, float]
     samples_per_second: float
-    fits: bool  # the plan's tables and caches fit in device memory
+    fits: bool  # the plan's tables and caches fit in device memory, and in host memory where the profile says how much
     memory_bytes_per_device: float
     background_s: float = 0.0  # Frugal's host work beside the step, per rank (flushers; the lookahead worker on an accelerator)
+    host_memory_bytes_per_node: float = 0.0  # Frugal's host tables (cpu device: every rank's memory too)
     details: Dict[str, float] = field(default_factory=dict)  # hit ratio, rows per step, bytes moved
     by_sharding: Dict[str, Dict[str, float]] = field(default_factory=dict)  # each sharding's tables' own terms
 
@@ -255,6 +256,7 @@ class StepCost:
         return {"samples_per_second": self.samples_per_second, "step_ms": 1e3 * self.step_s,
                 "terms_ms": {k: 1e3 * v for k, v in self.terms.items()}, "fits": self.fits,
                 "memory_gib_per_device": self.memory_bytes_per_device / 2**30,
+                "host_memory_gib_per_node": self.host_memory_bytes_per_node / 2**30,
                 "background_ms": 1e3 * self.background_s, "details": self.details}  # fmt: skip
 
 
@@ -478,6 +480,7 @@ class CostModel:
         terms["contention"] = self._contention(w, terms, background)
         step = sum(terms.values())
         dense_bytes = w.dense.params * F32 * (2.0 + w.dense_state_floats)
+        host = self._host_bytes(w, plan, mem + dense_bytes)
         details = {"ids_per_rank": ids, "unique_rows_per_rank": unique, **frugal_details,
                    "embedding_bytes_within_node_per_step": w.world_size * p.bytes_within,
                    "embedding_bytes_between_nodes_per_step": w.world_size * p.bytes_between}  # fmt: skip
@@ -485,12 +488,22 @@ class CostModel:
             sharding=next(iter(groups)) if len(groups) == 1 else "mixed",
             terms=terms,
             samples_per_second=w.world_size * w.batch_size / step,
-            fits=mem + dense_bytes <= MEMORY_HEADROOM * self.hw.device_memory_bytes,
+            fits=mem + dense_bytes <= MEMORY_HEADROOM * self.hw.device_memory_bytes
+            and (self.hw.host_memory_bytes is None or host <= MEMORY_HEADROOM * self.hw.host_memory_bytes),
             memory_bytes_per_device=mem + dense_bytes,
+            host_memory_bytes_per_node=host,
             background_s=background,
             details=details,
             by_sharding=by_sharding,
         )
+
+    def _host_bytes(self, w: Workload, plan: Plan, per_device: float) -> float:
+        """Host memory of one node: the frugal tables, whole, once per node (frugal_row_wise: the
+        node's block) with their optimizer state; on a CPU device also every rank's own memory."""
+        blocks = w.nodes if w.nodes > 1 else 1
+        frugal = sum(-(-t.rows // blocks) * (t.dim + w.state_floats_per_row) * F32
+                     for t in w.tables if plan.sharding_of(t.name) in FRUGAL_KINDS)  # fmt: skip
+        return frugal + (w.ranks_per_node * per_device if self.hw.device_is_host else 0.0)
 
     def _common(self, w: Workload, p: Primitives) -> Dict[str, float]:
         """Dense forward + backward (3x the forward FLOPs) and the dense optimizer, DDP's

@@ -101,8 +101,11 @@ def breakdown_table(costs: Dict[str, StepCost]) -> str:
         lines.append(f"| {t} | " + " | ".join(f"{1e3 * costs[n].terms[t]:.3f}" for n in names) + " |")
     lines.append("| **step** | " + " | ".join(f"**{1e3 * costs[n].step_s:.3f}**" for n in names) + " |")
     lines.append("| samples/s | " + " | ".join(f"{costs[n].samples_per_second:,.0f}" for n in names) + " |")
-    lines.append("| fits in device memory | " + " | ".join(
-        f"{'yes' if costs[n].fits else 'no'} ({costs[n].memory_bytes_per_device / 2**30:.2f} GiB)" for n in names) + " |")  # fmt: skip
+    lines.append("| device memory per device | " + " | ".join(
+        f"{costs[n].memory_bytes_per_device / 2**30:.2f} GiB" for n in names) + " |")  # fmt: skip
+    lines.append("| host memory per node | " + " | ".join(
+        f"{costs[n].host_memory_bytes_per_node / 2**30:.2f} GiB" for n in names) + " |")  # fmt: skip
+    lines.append("| fits (device and host memory) | " + " | ".join('yes' if costs[n].fits else 'no' for n in names) + " |")
     return "\n".join(lines)
 
 

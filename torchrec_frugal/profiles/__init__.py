@@ -70,6 +70,7 @@ class HardwareProfile:
     # between machines (optional: only plans spanning nodes need them)
     network_bw: Optional[float] = None  # bytes/s one node sends to the others (its NICs together)
     network_latency_s: Optional[float] = None  # per remote peer and call
+    host_memory_bytes: Optional[float] = None  # per node: holds Frugal's tables (None: not checked)
     notes: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form facts (measured points, dates)
 
@@ -110,7 +111,7 @@ class HardwareProfile:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
-_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s"}
+_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s", "host_memory_bytes"}
 _NONNEGATIVE = {"dense_thread_efficiency", "op_overhead_s", "framework_step_s", "framework_id_s", "framework_dist_step_s",
                 "kernel_id_s", "a2a_latency_s", "allreduce_latency_s", "engine_step_s", "engine_row_s",
                 "lookahead_row_s", "sync_latency_s", "network_latency_s"}  # fmt: skip
@@ -132,7 +133,7 @@ def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProf
         if name not in d:
             continue
         v = d[name]
-        if name in ("network_bw", "network_latency_s") and v is None:
+        if name in ("network_bw", "network_latency_s", "host_memory_bytes") and v is None:
             out[name] = None
             continue
         if name in ("name", "description", "notes"):

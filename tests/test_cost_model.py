@@ -324,6 +324,13 @@ def test_fit_profile_turns_synthetic_timings_into_a_profile():
     assert p.lookahead_row_s == pytest.approx(1e-7)
     assert p.dense_thread_efficiency == 0.0  # cuda
     assert p.device_memory_bytes == load_profile("h200").device_memory_bytes  # from the base
+    # a GPU calibration keeps the base's network (one machine cannot measure one) and reads host memory
+    assert p.network_bw == load_profile("h200").network_bw and p.host_memory_bytes == load_profile("h200").host_memory_bytes
+    p = fit_profile(dict(m, host_memory_bytes=64 * 2**30), load_profile("h200"), "synthetic")
+    assert p.host_memory_bytes == 64 * 2**30
+    # on a CPU device, nodes simulated on the machine talk like its ranks: loopback gloo
+    cpu = fit_profile(dict(m, device="cpu"), load_profile("cpu"), "synthetic_cpu")
+    assert cpu.network_bw == pytest.approx(2 * 12e9) and cpu.network_latency_s == pytest.approx(5e-5)
 
 
 @pytest.mark.parametrize("hw_name", ["cpu", "rtx3090"])

@@ -47,14 +47,14 @@ sys.path.insert(0, str(ROOT))  # the package and examples of this checkout
 
 from torchrec_frugal.calibrate import TrainingRun, fit_training  # noqa: E402
 from torchrec_frugal.cost_model import CostModel, Plan  # noqa: E402
+from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD  # noqa: E402  train.py's defaults
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
 from torchrec_frugal.profiles import HardwareProfile, load_profile  # noqa: E402
 
-from examples.demo import TrainRunError, run_train  # noqa: E402
+from examples.demo import TrainRunError, run_plan, run_train  # noqa: E402
 
 UNIFORM = ("frugal", "table_wise", "row_wise")
 SHARDERS = (*UNIFORM, "planned")
-CACHE_RATIO, LOOKAHEAD = 0.05, 10  # train.py's defaults
 PLANNER_SLACK = 0.05  # the planner's goal: its plan measures at most 5% below the best uniform plan
 FIT_CONFIG, FIT_BATCHES, FIT_RANKS, FIT_SHARDER = "criteo-kaggle", (256, 2048), (1, 2, 4), "table_wise"
 
@@ -73,15 +73,6 @@ def train_args(config: str, batch: int, sharder: str, steps: int, scale: Optiona
     if sharder == "planned":
         return args + ["--sharder", "frugal", "--hardware", hardware]
     return args + ["--sharder", "torchrec", "--sharding", sharder]
-
-
-def run_plan(sharder: str, measured_plan: Optional[Dict[str, Any]]) -> Plan:
-    """The plan a run trained: a uniform one, or (planned) the per-table choice its summary recorded."""
-    if sharder != "planned":
-        return Plan(sharder, cache_ratio=CACHE_RATIO, lookahead=LOOKAHEAD)
-    if not measured_plan:
-        raise ValueError("a planned run needs the plan its summary recorded")
-    return Plan.of(measured_plan["shardings"], measured_plan["cache_ratio"] or CACHE_RATIO, measured_plan["lookahead"])
 
 
 def workload(config: str, batch: int, ranks: int, threads: int, scale: Optional[float]) -> Any:

@@ -38,14 +38,12 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
 
-from examples.demo import run_train_nodes  # noqa: E402
-from torchrec_frugal.cost_model import CostModel, Plan  # noqa: E402
-from torchrec_frugal.estimate import dlrm_workload  # noqa: E402
+from examples.demo import run_plan, run_train_nodes  # noqa: E402
+from torchrec_frugal.cost_model import CostModel  # noqa: E402
+from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
 from torchrec_frugal.profiles import HardwareProfile, load_profile  # noqa: E402
 from torchrec_frugal.test_utils import git_state, median_or_nan  # noqa: E402
 
-CACHE_RATIO = 0.05  # examples/dlrm/train.py's default
-PRESAMPLE_STEPS = 50  # examples/common.py's default
 
 SHARDINGS = {
     "frugal_row_wise": ["--sharding", "frugal_row_wise"],
@@ -83,15 +81,6 @@ def simulated(profile: HardwareProfile, nodes: int) -> HardwareProfile:
     return replace(profile, host_cores=max(1, profile.host_cores // nodes), devices=max(1, profile.devices // nodes))
 
 
-def run_plan(name: str, args: argparse.Namespace, recorded: Optional[Dict[str, Any]]) -> Plan:
-    """The plan a run trained: uniform, or (planned) the per-table choice its summary recorded."""
-    if name != "planned":
-        return Plan(name, cache_ratio=CACHE_RATIO, lookahead=args.lookahead)
-    if not recorded:
-        raise ValueError("a planned run needs the plan its summary recorded")
-    return Plan.of(recorded["shardings"], recorded["cache_ratio"] or CACHE_RATIO, recorded["lookahead"])
-
-
 def predictions(args: argparse.Namespace, profile: HardwareProfile, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
     """The cost model's samples/s and bytes per step (all ranks) for each sharding of the runs."""
     w = dlrm_workload(args.config, args.nodes * args.nproc, args.batch_size, args.scale,
@@ -99,7 +88,7 @@ def predictions(args: argparse.Namespace, profile: HardwareProfile, runs: Dict[s
     model = CostModel(simulated(profile, args.nodes))
     out: Dict[str, Dict[str, Any]] = {}
     for name, rs in runs.items():
-        c = model.predict(w, run_plan(name, args, rs[0].get("plan") if rs else None))
+        c = model.predict(w, run_plan(name, rs[0].get("plan") if rs else None, args.lookahead))
         out[name] = {"samples_per_second": c.samples_per_second,
                      "bytes_between_nodes_per_step": c.details["embedding_bytes_between_nodes_per_step"],
                      "bytes_within_node_per_step": c.details["embedding_bytes_within_node_per_step"],

@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 if __package__ in (None, ""):  # launched as a script: make `torchrec_frugal` of this checkout importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from torchrec_frugal.cost_model import Plan
+from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD
 from torchrec_frugal.test_utils import children_cpu_s, machine_busy_s
 
 TRAIN_REL = Path("examples") / "dlrm" / "train.py"
@@ -209,6 +211,17 @@ def run_train_nodes(
         for k in range(nodes)
     )  # fmt: skip
     return summary
+
+
+def run_plan(sharding: str, recorded: Optional[Dict[str, Any]], lookahead: int = LOOKAHEAD) -> Plan:
+    """The cost model's plan of a DLRM example run: ``sharding`` on every table with train.py's
+    cache ratio and ``lookahead``, or for "planned" (FrugalShardingPlanner with ``--hardware``) the
+    per-table choice its summary recorded under "plan"."""
+    if sharding != "planned":
+        return Plan(sharding, cache_ratio=CACHE_RATIO, lookahead=lookahead)
+    if not recorded:
+        raise ValueError("a planned run needs the plan its summary recorded")
+    return Plan.of(recorded["shardings"], recorded["cache_ratio"] or CACHE_RATIO, recorded["lookahead"])
 
 
 def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:

@@ -73,6 +73,8 @@ CACHE_RATIOS: Tuple[float, ...] = (0.01, 0.05, 0.1)
 """Fraction of each table's rows that each rank caches on its device (the paper's sweep)."""
 LOOKAHEAD = 10
 """The paper's lookahead window L (it swept 2..14)."""
+CACHE_RATIO = 0.05
+"""The DLRM example's default cache ratio (the middle of the paper's sweep)."""
 EMBEDDING_DIM = 32
 
 
@@ -197,7 +199,7 @@ class RunConfig:
     scale: Optional[float] = None
     min_rows: int = 1000
     batch_size: int = 1024
-    cache_ratio: float = 0.05
+    cache_ratio: float = CACHE_RATIO
     lookahead: int = LOOKAHEAD
     embedding_lr: float = 0.05
     dense_lr: float = 0.005

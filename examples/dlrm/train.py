@@ -79,7 +79,7 @@ from examples.common import (
     train_pipeline,
     write_summary,
 )
-from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
+from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIO, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
 from examples.dlrm.data import (
     SyntheticClickData,
     auc,
@@ -204,7 +204,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's, fits 24 GiB)")
     p.add_argument("--min-rows", type=int, default=1000, help="tables are not scaled below min(cardinality, this)")
     p.add_argument("--batch-size", type=int, default=1024, help=f"per rank (paper: {BATCH_SIZES})")
-    p.add_argument("--cache-ratio", type=float, default=0.05, help=f"frugal: rows cached per rank (paper: {CACHE_RATIOS})")
+    p.add_argument("--cache-ratio", type=float, default=CACHE_RATIO, help=f"frugal: rows cached per rank (paper: {CACHE_RATIOS})")
     p.add_argument("--lookahead", type=int, default=LOOKAHEAD, help="frugal: lookahead window L")
     p.add_argument("--steps", type=int, default=300, help="training steps per rank (bounds the run)")
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: min(20, steps // 5))")

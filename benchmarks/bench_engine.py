@@ -59,6 +59,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.test_utils import git_state, machine_busy_s, own_cpu_s, run_ranks  # noqa: E402
 
 MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
@@ -142,7 +143,7 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
         eng.push_lookahead(rows_all[t])
 
     keys = ("step", "push", "begin", "gate", "exchange", "lookup", "dense", "coalesce", "apply", "flushed",
-            "cpu_engine", "cpu_dense")
+            "cpu_engine", "cpu_dense") + tuple("phase_" + p for p in PHASES)
     rec = {k: np.zeros(args.steps) for k in keys}
     hits = lookups = 0
     due_next = pending = 0
@@ -196,6 +197,8 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
                          ("lookup", t3 - t2), ("dense", t4 - t3), ("coalesce", t5 - t4), ("apply", t6 - t5),
                          ("flushed", m.rows_flushed), ("cpu_engine", (c3 - c0) + (c6 - c5)), ("cpu_dense", c4 - c3)):
                 rec[k][i] = v
+            for p in PHASES:
+                rec["phase_" + p][i] = m.phase_s[p]
             hits += m.cache_hits
             main_flush += m.train_thread_flush_s
             bg_flush += m.flusher_thread_flush_s
@@ -329,6 +332,7 @@ def summarize_run(per_rank: List[Dict[str, Any]], args: argparse.Namespace) -> D
         "hit_ratio": hits / lookups if lookups else 0.0,
         "samples_per_s": args.world * args.batch / (step_ms / 1e3),
         "setup_s": float(max(r["setup_s"] for r in per_rank)),
+        **{"phase_" + p + "_ms": mean_ms("phase_" + p) for p in PHASES},
     }
 
 
@@ -433,6 +437,12 @@ def main() -> None:
               f"| {s['flusher_flush_ms']:.2f} | {s['cpu_train_ms']:.1f} | {s['cpu_flushers_ms']:.1f} "
               f"| {s['cpu_process_ms']:.1f} | {s['cpu_engine_ms']:.2f} | {s['cpu_dense_ms']:.1f} "
               f"| {s['due_next_rows_per_step']:,.0f} | {s['pending_rows_per_step']:,.0f} |")
+    print("\nThe engine's own account of the training thread's engine time (StepMetrics.phase_s), ms per step:\n")
+    print("| mode | " + " | ".join(PHASES) + " | sum |")
+    print("|---|" + "---:|" * (len(PHASES) + 1))
+    for m, s in summary.items():
+        phases = [s["phase_" + p + "_ms"] for p in PHASES]
+        print(f"| {m} | " + " | ".join(f"{v:.2f}" for v in phases) + f" | {sum(phases):.2f} |")
     print(f"\nwall time {elapsed:.0f} s; CPU used by other processes during the run: "
           f"{100 * foreign:.0f}% of the machine (load average before {load_before[0]:.2f})")
     for res in results:

@@ -1,6 +1,7 @@
 """The Flusher on one process: an owner store and host tables in plain CPU memory, no ranks."""
 from __future__ import annotations
 
+import threading
 import time
 from typing import Tuple
 
@@ -92,3 +93,65 @@ def test_flush_once_respects_the_priority_bound_and_one_priority_per_chunk() -> 
     assert weights[10].eq(3.0).all() and weights[11].eq(0.0).all()  # the chunk took priority 2 only
     assert int(f.control.get(FLUSHED)[0]) == 3
 
+
+
+def test_without_flusher_threads_flush_due_keeps_the_deferred_rows_bounded() -> None:
+    """No thread drains the infinity bucket, so the caller of flush_due does, past the bound only."""
+    f, weights, _ = _flusher(workers=0, max_deferred_rows=4)
+    _update(f, np.array([40, 41, 42]), 1.0, INF)
+    f.flush_due(0)
+    assert f.queue.deferred == 3 and weights[40:43].eq(0.0).all()  # within the bound: still coalescing
+    _update(f, np.array([43, 44]), 1.0, INF)
+    f.flush_due(0)
+    assert f.queue.deferred <= 4 and weights[40:45].eq(1.0).all()
+    assert f.take_counts().train_thread_s > 0.0
+
+
+class _BlockingHost:
+    """Host tables whose first write waits for ``release``: a chunk held in flight."""
+
+    def __init__(self, host: HostTables) -> None:
+        self.host, self.device = host, host.device
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def write(self, *args) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(10.0)
+        self.host.write(*args)
+
+
+def _chunk_in_flight(f: Flusher) -> Tuple[_BlockingHost, threading.Thread]:
+    blocking = _BlockingHost(f.host)
+    f.host = blocking
+    t = threading.Thread(target=f.flush_once, args=(None,))
+    t.start()
+    assert blocking.entered.wait(10.0)
+    return blocking, t
+
+
+def test_flush_due_does_not_wait_for_a_chunk_in_flight_when_nothing_is_due() -> None:
+    f, weights, _ = _flusher(workers=0, chunk_rows=100)
+    _update(f, np.array([10, 11]), 3.0, np.array([3, 3]))
+    blocking, t = _chunk_in_flight(f)  # rows 10, 11 in flight, nothing else pending
+    t0 = time.perf_counter()
+    f.flush_due(0)
+    assert time.perf_counter() - t0 < 2.0
+    assert int(f.control.get(FLUSHED)[0]) == 2  # the chunk in flight bounds the progress
+    blocking.release.set()
+    t.join(10.0)
+    assert weights[[10, 11]].eq(3.0).all() and int(f.control.get(FLUSHED)[0]) == INF
+
+
+def test_a_row_updated_while_its_chunk_is_in_flight_stays_pending_and_keeps_its_slot() -> None:
+    f, weights, state = _flusher(workers=0, chunk_rows=100)
+    _update(f, np.array([20, 21]), 1.0, np.array([1, 1]))  # uncached: dynamic slots
+    blocking, t = _chunk_in_flight(f)  # copies the values 1.0
+    _update(f, np.array([20]), 5.0, INF)  # updated meanwhile: re-queued, deferred
+    blocking.release.set()
+    t.join(10.0)
+    assert weights[[20, 21]].eq(1.0).all()
+    assert f.queue.contains(np.array([20, 21])).tolist() == [True, False]
+    assert f.store.slot_of[20] >= 0 and f.store.slot_of[21] == -1  # only the written row freed its slot
+    f.drain()
+    assert weights[20].eq(5.0).all() and state[20].eq(-5.0).all() and f.store.slot_of[20] == -1

@@ -296,7 +296,7 @@ def test_randomized_against_reference(kind, seed):
             prios[prios == base + window + 2] = INF
             if rng.integers(4) == 0:
                 prios = prios[:1].repeat(rows.size)
-            q.upsert(rows, prios)
+            q.upsert(rows, prios, assume_unique=bool(rng.integers(2)))  # the rows are unique: same outcome
             for r, p in zip(rows.tolist(), prios.tolist()):
                 ref.set(r, p)
             counts["upsert"] += 1

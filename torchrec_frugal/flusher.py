@@ -7,7 +7,7 @@ background; the training thread copies the rows the very next step reads itself,
 it waits. After every change the owner publishes FLUSHED, the step through which its host rows
 are current, which is what the peers' gates read.
 
-One lock guards the queue, the row versions, the owner store's slots and the lookahead window
+One lock guards the queue, the owner store's slots and the lookahead window
 (the update and the ingestion of the lookahead take it too, as :attr:`Flusher.lock`). Chunks are
 copied one at a time under the flush mutex, so that a row re-queued while its older copy is in
 flight never has its newer copy overtaken by the older one.
@@ -69,7 +69,6 @@ class Flusher:
         self._work = threading.Condition(self.lock)
         self._mutex = threading.Lock()  # one chunk in flight at a time
         self._inflight: Optional[int] = None  # progress bound of the chunk being copied
-        self._version = np.zeros(store.slot_of.shape[0], dtype=np.int64)  # updates per row, ever
         self._updated: Marker = REACHED  # reached once the store holds every update queued so far
         self._row_bytes = (store.dim + store.state_width) * 4
         self._counts = FlushCounts()
@@ -92,9 +91,8 @@ class Flusher:
         these rows starts after it.
         """
         self._updated = updated
-        self._version[rows] += 1
         if rows.size:
-            self.queue.upsert(rows, priorities)
+            self.queue.upsert(rows, priorities, assume_unique=True)  # an update's rows are unique
         self.publish_progress()
 
     def publish_progress(self) -> None:
@@ -123,10 +121,15 @@ class Flusher:
         """Copy, on this thread, the rows step + 1 reads from host; wake a flusher for the rest.
 
         Writing them here beats waiting for a flusher to be scheduled; the flushers take what
-        can wait.
+        can wait. Without flusher threads, the rest waits until it is due (or a wait of this
+        thread has time for it), and deferred rows beyond the bound are flushed here.
         """
         while self.flush_once(max_priority=step + 1):
             pass
+        if not self.threads:  # no flusher keeps the deferred rows bounded: this thread does
+            while self.background_bound() == INF and self.flush_once(max_priority=INF):
+                pass
+            return
         with self._work:
             m = self.queue.min_priority()
             if m is not None and m != INF:
@@ -154,7 +157,14 @@ class Flusher:
 
     def _flush(self, max_priority: Optional[int], wait: bool, background: bool) -> bool:
         t0 = time.perf_counter()
-        if not self._mutex.acquire(blocking=wait):
+        if wait:
+            # Wait for a chunk in flight only if there is something to flush after it.
+            with self.lock:
+                m = self.queue.min_priority()
+                if m is None or (max_priority is not None and m > max_priority):
+                    return False
+            self._mutex.acquire()
+        elif not self._mutex.acquire(blocking=False):
             return False
         try:
             with self.lock:
@@ -169,7 +179,6 @@ class Flusher:
                 # published progress by prio - 1, an INF chunk by the window as it is now.
                 self._inflight = prio - 1 if prio != INF else self.window.last_step  # type: ignore[union-attr]
                 slots = self.store.slot_of[rows]
-                snapshot = self._version[rows].copy()
                 src_w, src_s = self.store.weights, self.store.state
                 after = self._updated
             r = torch.from_numpy(rows)
@@ -183,8 +192,9 @@ class Flusher:
                 copied = self.streams.mark()
             copied.synchronize()
             with self.lock:
-                # Rows updated meanwhile were re-queued by the update and stay pending.
-                done = rows[self._version[rows] == snapshot]
+                # Rows updated meanwhile were re-queued by the update (only an update inserts a
+                # row, and no other chunk was copied meanwhile): they stay pending, the rest is done.
+                done = rows[~self.queue.contains(rows)]
                 dynamic = done[self.store.slot_of[done] >= self.store.num_static]
                 if dynamic.size:
                     self.store.release(dynamic)

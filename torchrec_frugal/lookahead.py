@@ -24,10 +24,15 @@ class LookaheadWindow:
     """Per-owner next-host-read step of every row, over the ingested window of steps."""
 
     def __init__(self, num_rows: int, capacity: int = 1024) -> None:
-        self.next_read = np.full(num_rows, INF, dtype=np.int64)
+        # One record per row (next read, newest entry), so that a row costs one cache miss, not two:
+        # the window is touched once per step, after the model has evicted it from the caches.
+        per_row = np.empty((num_rows, 2), dtype=np.int64)
+        per_row[:, 0] = INF
+        per_row[:, 1] = -1
+        self.next_read = per_row[:, 0]
+        self._latest = per_row[:, 1]  # the row's newest entry (global index), -1: none
         self.last_step = -1  # W: newest ingested step
         self._steps: Deque[Tuple[int, int, int]] = deque()  # (step, first entry, end entry)
-        self._latest = np.full(num_rows, -1, dtype=np.int64)  # the row's newest entry (global index)
         self._lo = 0  # global index of the oldest live entry
         self._hi = 0  # global index one past the newest entry
         self._rows = np.empty(capacity, dtype=np.int64)  # entry -> row

@@ -132,7 +132,7 @@ class LookaheadFeed:
                     if newly.size:
                         deferred = newly[flusher.queue.priority_of(newly) == INF]
                         if deferred.size:
-                            flusher.queue.upsert(deferred, t)
+                            flusher.queue.upsert(deferred, t, assume_unique=True)  # a step's rows are unique
                     self.control.set(INGESTED, t)
                     flusher.publish_progress()
                     flusher.wake_all()

@@ -56,7 +56,11 @@ class PendingQueue(abc.ABC):
         self._base = 0
         self._size = 0
         self._counts = np.zeros(self._slots + 1, dtype=np.int64)
-        self._prio = np.full(self._num_rows, _ABSENT, dtype=np.int64)
+        # One record per row: its priority (``-1`` when absent) and a word of the queue kind's
+        # own (bucket position, heap sequence), in one cache line: an upsert reaches each row's
+        # record once, usually from DRAM (the model ran since the previous step's upsert).
+        self._row_state = np.full((self._num_rows, 2), _ABSENT, dtype=np.int64)
+        self._prio = self._row_state[:, 0]
         # Scratch for O(k) duplicate detection: last write wins in fancy assignment.
         self._scratch = np.zeros(self._num_rows, dtype=np.int64)
 
@@ -118,13 +122,15 @@ class PendingQueue(abc.ABC):
 
     # --------------------------------------------------------------- mutators
     @abc.abstractmethod
-    def upsert(self, rows: np.ndarray, priorities: np.ndarray | int) -> None:
+    def upsert(self, rows: np.ndarray, priorities: np.ndarray | int, assume_unique: bool = False) -> None:
         """Insert absent rows and move present rows to ``priorities``.
 
         ``rows`` must be unique within one call (ValueError otherwise: the
-        wanted priority would be ambiguous).  Each priority is ``INF`` or lies
-        in ``[base, base + lookahead + 1]``; a scalar is broadcast.  All checks run
-        before any change, so a rejected call leaves the queue untouched.
+        wanted priority would be ambiguous; ``assume_unique=True`` skips that
+        check, for callers whose rows are unique by construction).  Each priority
+        is ``INF`` or lies in ``[base, base + lookahead + 1]``; a scalar is
+        broadcast.  All checks run before any change, so a rejected call leaves
+        the queue untouched.
         """
 
     @abc.abstractmethod
@@ -224,16 +230,17 @@ class TwoLevelQueue(PendingQueue):
 
     def __init__(self, num_rows: int, lookahead: int) -> None:
         super().__init__(num_rows, lookahead)
-        self._pos = np.zeros(self._num_rows, dtype=np.int64)
+        self._pos = self._row_state[:, 1]
         cap = min(_INITIAL_CAPACITY, max(self._num_rows, 1))
         self._buckets = [np.empty(cap, dtype=np.int64) for _ in range(self._slots + 1)]
 
-    def upsert(self, rows: np.ndarray, priorities: np.ndarray | int) -> None:
+    def upsert(self, rows: np.ndarray, priorities: np.ndarray | int, assume_unique: bool = False) -> None:
         rows = self._check_rows(rows)
         prios = self._check_priorities(priorities, rows.size)
         if rows.size == 0:
             return
-        self._check_unique(rows)
+        if not assume_unique:
+            self._check_unique(rows)
         old = self._prio[rows]
         present = old != _ABSENT
         moved = present & (old != prios)
@@ -334,16 +341,17 @@ class HeapQueue(PendingQueue):
 
     def __init__(self, num_rows: int, lookahead: int) -> None:
         super().__init__(num_rows, lookahead)
-        self._seq = np.full(self._num_rows, _ABSENT, dtype=np.int64)
+        self._seq = self._row_state[:, 1]
         self._next_seq = 0
         self._heap: list[tuple[int, int, int]] = []
 
-    def upsert(self, rows: np.ndarray, priorities: np.ndarray | int) -> None:
+    def upsert(self, rows: np.ndarray, priorities: np.ndarray | int, assume_unique: bool = False) -> None:
         rows = self._check_rows(rows)
         prios = self._check_priorities(priorities, rows.size)
         if rows.size == 0:
             return
-        self._check_unique(rows)
+        if not assume_unique:
+            self._check_unique(rows)
         old = self._prio[rows]
         present = old != _ABSENT
         changed = old != prios

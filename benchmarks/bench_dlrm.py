@@ -19,8 +19,8 @@ scaling" means W ranks each as fast as one rank alone with the same share of the
 
 Ablations (``--ablation``, any of): ``write_through`` (frugal with L = 0: every update reaches host
 before the next step), ``heap`` (frugal with the binary-heap queue; needs train.py's ``--queue``),
-``lookahead`` (L in 0 2 5 10 14), ``cache`` (cache ratio 0.01 0.05 0.1), ``flush_workers`` (0 or 2
-background flusher threads per rank instead of 1), ``batch`` (the four
+``lookahead`` (L in 0 2 5 10 14), ``cache`` (cache ratio 0.01 0.05 0.1), ``flush_workers`` (1 or 2
+background flusher threads per rank instead of the engine's choice on CPU, none), ``batch`` (the four
 variants at batch 128 and 1024 per rank), ``all``.
 
     python benchmarks/bench_dlrm.py --json benchmarks/results/dlrm.json
@@ -55,8 +55,8 @@ ABLATIONS = ("write_through", "heap", "lookahead", "cache", "flush_workers", "ba
 LOOKAHEADS = (0, 2, 5, 10, 14)
 CACHE_RATIOS = (0.01, 0.05, 0.1)
 BATCHES = (128, 1024)
-FLUSH_WORKERS = (0, 2)
-DEFAULT_L, DEFAULT_CACHE, DEFAULT_FLUSHERS = 10, 0.05, 1
+FLUSH_WORKERS = (1, 2)
+DEFAULT_L, DEFAULT_CACHE, DEFAULT_FLUSHERS = 10, 0.05, None  # None: the engine's choice (0 on CPU)
 
 
 def default_steps(batch: int, convergence: bool = False) -> int:
@@ -72,7 +72,7 @@ def variant(vid: str, label: str, kind: str, batch: int, nproc: int, args: List[
 
 
 def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: float = DEFAULT_CACHE,
-                   queue: str = "two_level", flushers: int = DEFAULT_FLUSHERS, suffix: str = "") -> Dict[str, Any]:  # fmt: skip
+                   queue: str = "two_level", flushers: Optional[int] = DEFAULT_FLUSHERS, suffix: str = "") -> Dict[str, Any]:  # fmt: skip
     parts = []
     if lookahead != DEFAULT_L:
         parts.append(f"L{lookahead}")
@@ -244,9 +244,16 @@ def _pct(v: Optional[float]) -> str:
     return "-" if v is None or v != v else f"{100 * v:.1f}%"
 
 
+def default_flushers(o: Dict[str, Any]) -> bool:
+    """The variant left the flusher threads to the engine (results recorded while 1 was the
+    default say 1, outside the flush_workers ablation)."""
+    fw = o.get("flush_workers")
+    return fw is DEFAULT_FLUSHERS or (fw == 1 and "flush_workers" not in o.get("ablations", []))
+
+
 def is_default_frugal(o: Dict[str, Any]) -> bool:
     return (o["kind"] == "frugal" and o["lookahead"] == DEFAULT_L and o["cache_ratio"] == DEFAULT_CACHE
-            and o["queue"] == "two_level" and o.get("flush_workers", DEFAULT_FLUSHERS) == DEFAULT_FLUSHERS)  # fmt: skip
+            and o["queue"] == "two_level" and default_flushers(o))  # fmt: skip
 
 
 def _variant_table(
@@ -297,7 +304,8 @@ def markdown_tables(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any
     for tag in tags:
         b0 = variants[0]["batch_size"]  # the main batch size: the single-knob ablations run there
         ids = [v["id"] for v in variants if v["batch_size"] == b0 and (tag in v["ablations"] or is_default_frugal(med[v["id"]]))]
-        ids = sorted(ids, key=lambda i: (med[i]["lookahead"], med[i]["cache_ratio"], med[i]["queue"], med[i]["flush_workers"]))
+        ids = sorted(ids, key=lambda i: (med[i]["lookahead"], med[i]["cache_ratio"], med[i]["queue"],
+                                          -1 if default_flushers(med[i]) else med[i]["flush_workers"]))  # fmt: skip
         lines += _variant_table(
             f"ablation `{tag}` (batch {med[ids[0]]['batch_size']} per rank)",
             ["variant", "L", "cache ratio", "queue", "samples/s (median)", "min-max", "vs frugal L=10 (paired)",

@@ -354,7 +354,7 @@ def main() -> None:
     ap.add_argument("--presample", type=int, default=50, help="batches counted to pick the hot rows")
     ap.add_argument("--lookahead", type=int, default=10, help="L of the frugal, heap and no_flush modes")
     ap.add_argument("--cache-ratio", type=float, default=0.05, help="rows cached per rank (not no_flush)")
-    ap.add_argument("--flush-workers", type=int, default=1)
+    ap.add_argument("--flush-workers", type=int, default=None, help="flusher threads per rank (default: the engine's, 0 on CPU)")
     ap.add_argument("--lookahead-worker", choices=("auto", "on", "off"), default="auto",
                     help="FrugalConfig.lookahead_worker (auto: a thread on an accelerator, inline on CPU)")
     ap.add_argument("--chunk", type=int, default=8192, help="flush_chunk_rows")

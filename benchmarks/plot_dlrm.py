@@ -20,12 +20,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench_dlrm import default_flushers  # noqa: E402  (this script's folder is first on sys.path)
+
 COLORS = {"frugal": "tab:green", "torchrec": "tab:blue", "alone": "tab:gray"}
 
 
 def _is_default_frugal(o: Dict[str, Any]) -> bool:
     return (o["kind"] == "frugal" and o["lookahead"] == 10 and o["cache_ratio"] == 0.05 and o["queue"] == "two_level"
-            and o.get("flush_workers", 1) == 1)  # fmt: skip
+            and default_flushers(o))  # fmt: skip
 
 
 def _err(os_: List[Dict[str, Any]]) -> List[List[float]]:

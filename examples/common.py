@@ -109,7 +109,8 @@ def require_cuda_fbgemm(device: torch.device, what: str) -> None:
 def add_frugal_arguments(p: argparse.ArgumentParser) -> None:
     """The options that tune Frugal (``--sharder frugal``) beyond the cache ratio and the lookahead."""
     p.add_argument("--queue", choices=("two_level", "heap"), default="two_level", help="frugal: pending-write queue (heap: ablation)")
-    p.add_argument("--flush-workers", type=int, default=1, help="frugal: background flusher threads per rank")
+    p.add_argument("--flush-workers", type=int, default=None,
+                   help="frugal: background flusher threads per rank (default: 1 on CUDA, 0 on CPU)")  # fmt: skip
     p.add_argument("--max-deferred-rows", type=int, default=FrugalConfig.max_deferred_rows,
                    help="frugal: rows with no read in the window that may wait before the flushers drain them")  # fmt: skip
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")

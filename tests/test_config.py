@@ -118,3 +118,19 @@ def test_optimizer_spec_rejects_numeric(field, value):
         OptimizerSpec(kind="adam", **{field: value})
     msg = str(ei.value)
     assert field in msg and str(value) in msg
+
+
+@pytest.mark.parametrize(
+    "kw,threads",
+    [
+        (dict(), 0),  # CPU device: the training threads keep the cores busy, no helper threads
+        (dict(flush_workers=1), 1),
+        (dict(flush_workers=2, lookahead_worker=True), 3),
+    ],
+)
+def test_the_engine_starts_its_helper_threads_by_device_unless_told(kw, threads, tmp_path):
+    from torchrec_frugal import FrugalEngine
+
+    with FrugalEngine([TableSpec("t", 64, 4)], OptimizerSpec(), FrugalConfig(shm_dir=str(tmp_path), **kw)) as eng:
+        assert len(eng.background_threads) == threads
+        assert all(t.is_alive() for t in eng.background_threads)

@@ -119,11 +119,13 @@ class FrugalEngine:
         self.window = LookaheadWindow(n) if self.lookahead > 0 else None
         self._failure: Optional[BaseException] = None
         self._closed = False
+        on_cpu = self.device.type == "cpu"  # the training threads keep the cores busy: no helper threads
+        workers = (0 if on_cpu else 1) if cfg.flush_workers is None else cfg.flush_workers
         self.flusher = Flusher(
             make_queue(cfg.queue, n, self.lookahead), self.store, self.host, self.streams, self.control, self.window,
-            cfg.flush_chunk_rows, cfg.max_deferred_rows, cfg.flush_workers, self._fail_from_thread,
+            cfg.flush_chunk_rows, cfg.max_deferred_rows, workers, self._fail_from_thread,
         )  # fmt: skip
-        use_worker = self.device.type != "cpu" if cfg.lookahead_worker is None else cfg.lookahead_worker
+        use_worker = not on_cpu if cfg.lookahead_worker is None else cfg.lookahead_worker
         self.lookahead_feed = LookaheadFeed(
             self.lookahead, self.ring, self.window, self.flusher, self.control, use_worker,
             self._guard, self._raise_if_failed, self._fail_from_thread,

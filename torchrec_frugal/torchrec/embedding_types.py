@@ -194,7 +194,10 @@ class FrugalShardedModuleMixin:
         check_features(features, self._frugal_features, type(self).__name__)
         keys = features.keys()
         return [
-            lookup.lookahead_rows(features.permute([keys.index(f) for f in lookup.feature_names]))
+            # A permute copies every id: skip it when the lookup takes the features as they come.
+            lookup.lookahead_rows(
+                features if keys == lookup.feature_names else features.permute([keys.index(f) for f in lookup.feature_names])
+            )
             for lookup in self.frugal_lookups()
         ]
 

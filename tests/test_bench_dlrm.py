@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -145,3 +147,19 @@ def test_run_train_reads_summary_and_reports_failures(tmp_path):
     assert "hello from rank 0" in (tmp_path / "fail.log").read_text()
     with pytest.raises(TrainRunError, match="timed out after 5 s"):
         run_train(train, ["--sleep", "120"], nproc=1, timeout_s=5)
+
+
+def test_time_dlrm_calls_reports_the_calls_of_a_step(tmp_path):
+    """The call timer runs the DLRM example and prints rank 0's milliseconds per step for each call."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+           str(ROOT / "benchmarks" / "time_dlrm_calls.py"), "--sharder", "frugal", "--lookahead", "4", "--scale", "0.001",
+           "--batch-size", "64", "--steps", "12", "--warmup", "2", "--threads", "1", "--no-progress"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^  (\S+)\s+([\d.]+)  \(([\d.]+)\)$", out.stdout, re.M)}  # fmt: skip
+    assert "rank 0, 12 steps" in out.stdout
+    assert rows["progress"][1] == 1.0 and rows["engine.apply_gradients"][1] == 1.0
+    assert rows["lookahead_rows"][1] == 1.0  # every batch announced ahead (L = 4)
+    assert rows["progress"][0] > rows["backward"][0] > rows["engine.apply_gradients"][0] > 0.0

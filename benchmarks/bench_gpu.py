@@ -175,7 +175,8 @@ def _gate_rank(rank: int, world: int, mode: Dict[str, Any], steps: int, batch: i
     torch.cuda.set_device(dev)
     wl = ZipfWorkload(TABLE_ROWS, batch, s=1.2, seed=0)
     tables = [TableSpec(f"t{i}", n, DIM) for i, n in enumerate(TABLE_ROWS)]
-    cfg = FrugalConfig(lookahead=mode["lookahead"], cache_ratio=0.05, host_path=mode["host_path"], timeout_s=120)
+    cfg = FrugalConfig(lookahead=mode["lookahead"], cache_ratio=0.05, host_path=mode["host_path"], timeout_s=120,
+                       flush_workers=mode.get("flush_workers"))  # fmt: skip
     eng = FrugalEngine(tables, OptimizerSpec("rowwise_adagrad", lr=0.05), cfg, device=dev, presample_counts=wl.counts(rank, 50))
     offs = eng.table_offsets
     total = steps + warmup
@@ -381,14 +382,20 @@ def _render_paths(p: Dict[str, Any]) -> List[str]:
     return gather + flush
 
 
+def _flushers(row: Dict[str, Any]) -> str:
+    """A gate row's flusher threads: the engine's default on CUDA (1) unless the mode set them."""
+    n = row.get("flush_workers")
+    return "1 (default)" if n is None else str(n)
+
+
 def _render_gate(gate: List[Dict[str, Any]]) -> List[str]:
     stall = _md_table(
         [f"## Gate stall per step: ranks sharing one GPU, DLRM-like step, tables {TABLE_ROWS} x dim {DIM}, Zipf 1.2, cache 5%",
          "",
          "Means over timed steps, averaged over ranks. Exchange wait: apply_gradients waiting for every rank's gradients."],
-        ["ranks", "batch/rank", "L", "host path", "step ms", "gate wait ms (mean / p90)", "stall", "exchange wait ms",
-         "rows flushed/step", "hit ratio"],
-        ([str(r["world"]), str(r["batch"]), str(r["lookahead"]), r["host_path"], f"{r['step_ms_mean']:.2f}",
+        ["ranks", "batch/rank", "L", "host path", "flusher threads", "step ms", "gate wait ms (mean / p90)", "stall",
+         "exchange wait ms", "rows flushed/step", "hit ratio"],
+        ([str(r["world"]), str(r["batch"]), str(r["lookahead"]), r["host_path"], _flushers(r), f"{r['step_ms_mean']:.2f}",
           f"{r['gate_wait_ms_mean']:.3f} / {r['gate_wait_ms_p90']:.3f}", f"{100 * r['gate_stall_fraction']:.1f}%",
           f"{r['exchange_wait_ms_mean']:.2f}", f"{r['rows_flushed_per_step']:.0f}", f"{r['cache_hit_ratio']:.2f}"]
          for r in gate),
@@ -396,8 +403,8 @@ def _render_gate(gate: List[Dict[str, Any]]) -> List[str]:
     split = _md_table(
         ["Where a step's time goes (ms per step, training thread): the engine's phases from `StepMetrics.phase_s`,",
          "the two waits, and dense = wall time per step minus all of those (the model's forward and backward)."],
-        ["ranks", "L", "host path", "wall ms", *PHASES, "gate wait", "exchange wait", "dense"],
-        ([str(r["world"]), str(r["lookahead"]), r["host_path"], f"{r['wall_ms_per_step']:.2f}",
+        ["ranks", "L", "host path", "flusher threads", "wall ms", *PHASES, "gate wait", "exchange wait", "dense"],
+        ([str(r["world"]), str(r["lookahead"]), r["host_path"], _flushers(r), f"{r['wall_ms_per_step']:.2f}",
           *(f"{r[k + '_ms']:.2f}" for k in PHASES), f"{r['gate_wait_ms_mean']:.2f}", f"{r['exchange_wait_ms_mean']:.2f}",
           f"{r['dense_ms']:.2f}"]
          for r in gate),
@@ -411,6 +418,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller tables and fewer steps (a smoke run)")
     ap.add_argument("--gather-rows", type=int, default=1 << 20)
     ap.add_argument("--suites", default="reads,paths,gate", help="comma-separated: reads, paths, gate, dlrm")
+    ap.add_argument("--gate-flush-workers", type=int, action="append", default=[],
+                    help="gate suite: also run L=10 zero_copy with this many flusher threads (repeatable; default: the engine's, 1)")
     ap.add_argument("--dlrm-runs", default=DLRM_RUNS, help="dlrm suite: comma-separated RANKSxBATCHxL")
     ap.add_argument("--dlrm-scale", type=float, default=1.0, help="dlrm suite: criteo-kaggle row scale")
     ap.add_argument("--dlrm-steps", type=int, default=150, help="dlrm suite: steps per rank")
@@ -458,7 +467,7 @@ def main() -> None:
         {"lookahead": 10, "host_path": "zero_copy"},
         {"lookahead": 10, "host_path": "pinned"},
         {"lookahead": 0, "host_path": "zero_copy"},
-    ]
+    ] + [{"lookahead": 10, "host_path": "zero_copy", "flush_workers": n} for n in args.gate_flush_workers]
     steps, warmup = (30, 5) if quick else (200, 20)
     results["gate"] = []
     for world in (2, 4):

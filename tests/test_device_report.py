@@ -37,8 +37,8 @@ def test_report_renders_every_section(tmp_path: Path) -> None:
             {"world": w, "batch": 8, "steps": 3, "lookahead": 10, "host_path": "zero_copy", "step_ms_mean": 1.0,
              "gate_wait_ms_mean": 0.1, "gate_wait_ms_p90": 0.2, "gate_stall_fraction": 0.1, "exchange_wait_ms_mean": 0.3,
              "rows_flushed_per_step": 5.0, "cache_hit_ratio": 0.5, "wall_ms_per_step": 2.0, "dense_ms": 0.5,
-             **{f"{k}_ms": 0.01 for k in ("announce", "lookup", "exchange", "update", "bookkeeping", "flush")}}
-            for w in (2, 4)
+             **{f"{k}_ms": 0.01 for k in ("announce", "lookup", "exchange", "update", "bookkeeping", "flush")}, **fw}
+            for w in (2, 4) for fw in ({}, {"flush_workers": 0})
         ],
         "reads": {
             "table_bytes": 1 << 32, "dim": 32,
@@ -57,8 +57,9 @@ def test_report_renders_every_section(tmp_path: Path) -> None:
         assert heading in md
     assert "| 16384 | 9000 | pinned | distinct_sorted | 1.000 | 1.2 |" in md
     assert "| 1024 | 0.100 | 0.200 | 0.100 | 0.200 |" in md  # calibration, ms per call
-    assert "| 2 | 10 | zero_copy | 2.00 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.10 | 0.30 | 0.50 |" in md
-    assert md.count("| zero_copy |") >= 2 and "| 4 | 8 | 10 | zero_copy |" in md
+    assert "| 2 | 10 | zero_copy | 1 (default) | 2.00 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.01 | 0.10 | 0.30 | 0.50 |" in md
+    assert "| 2 | 10 | zero_copy | 0 | 2.00 | 0.01 |" in md  # a mode run with --gate-flush-workers 0
+    assert md.count("| zero_copy |") >= 2 and "| 4 | 8 | 10 | zero_copy | 1 (default) |" in md
 
 
 def test_dlrm_suite_runs_the_example_and_renders(tmp_path: Path) -> None:

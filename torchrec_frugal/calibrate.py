@@ -395,7 +395,7 @@ def _engine(device: str, steps: int = 30, warmup: int = 5) -> List[Dict[str, flo
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         fused = [torch.cat([ids + int(o) for ids, o in zip(work.batch(0, s), offsets)]) for s in range(steps + 10)]
         for L in (0, 10):
-            cfg = FrugalConfig(lookahead=L, cache_ratio=0.05, flush_workers=1)
+            cfg = FrugalConfig(lookahead=L, cache_ratio=0.05)  # the engine's own threads for this device
             tables = [TableSpec(f"t{i}", n, ROW_BYTES // 4) for i, n in enumerate(sizes)]
             counts = work.counts(0, 20)
             phases, rows = [], []

@@ -602,7 +602,8 @@ class CostModel:
     ) -> Tuple[Dict[str, float], float, float, Dict[str, float]]:
         """Frugal's step: device lookups of the rank's cached rows, host reads of every other
         distinct row, gradients exchanged through host memory, the owners' updates, the rows due
-        next step written on the training thread, the rest flushed in the background.
+        next step written on the training thread, the rest flushed in the background (on a CPU
+        device, which has no flusher thread, by the training thread too).
         Returns (terms, bytes per device, background host seconds beside the step, details)."""
         W = w.world_size
         hw = self.hw
@@ -622,8 +623,11 @@ class CostModel:
                 update += p.device_gather(owned, rb + sf) + p.device_scatter(owned, rb + sf)
             # stage this rank's rows + gradients, the owners read theirs from every rank's mailbox
             exchange += p.d2h(x.unique_rank * rb) + 2 * p.memcpy(x.unique_rank * (rb + INDEX_BYTES)) + p.h2d(owned * rb)
-            inline += p.host_write(x.inline_rows, rb + sf)
-            background += p.host_write(x.flushed_rows - x.inline_rows, rb + sf)
+            if hw.device_is_host:  # no flusher thread on a CPU device (FrugalConfig.flush_workers): all inline
+                inline += p.host_write(x.flushed_rows, rb + sf)
+            else:
+                inline += p.host_write(x.inline_rows, rb + sf)
+                background += p.host_write(x.flushed_rows - x.inline_rows, rb + sf)
             mem += int(plan.cache_ratio * t.rows + 1e-9) * (rb + sf)
         unique = sum(x.unique_rank for x in tr)
         terms["embedding_lookup"] = lookup

@@ -20,14 +20,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench_dlrm import default_flushers  # noqa: E402  (this script's folder is first on sys.path)
+from bench_dlrm import is_default_frugal  # noqa: E402  (this script's folder is first on sys.path)
 
 COLORS = {"frugal": "tab:green", "torchrec": "tab:blue", "alone": "tab:gray"}
-
-
-def _is_default_frugal(o: Dict[str, Any]) -> bool:
-    return (o["kind"] == "frugal" and o["lookahead"] == 10 and o["cache_ratio"] == 0.05 and o["queue"] == "two_level"
-            and default_flushers(o))  # fmt: skip
 
 
 def _err(os_: List[Dict[str, Any]]) -> List[List[float]]:
@@ -50,7 +45,7 @@ def plot_throughput(data: Dict[str, Any], png: Path) -> None:
     fig, axes = plt.subplots(1, len(batches), figsize=(max(7.5, 6.2 * len(batches)), 5.2), squeeze=False)
     for ax, b in zip(axes[0], batches):
         ids = [v["id"] for v in variants if v["batch_size"] == b and med[v["id"]]["runs"]
-               and (v["kind"] != "frugal" or _is_default_frugal(med[v["id"]]))]  # fmt: skip
+               and (v["kind"] != "frugal" or is_default_frugal(med[v["id"]]))]  # fmt: skip
         os_ = [med[i] for i in ids]
         labels = [o["label"].replace(" (", "\n(") for o in os_]
         vals = [o["samples_per_second"] for o in os_]
@@ -90,15 +85,15 @@ def _ref_lines(ax: Any, med: Dict[str, Dict[str, Any]], ref: Dict[str, Any]) -> 
 def plot_ablations(data: Dict[str, Any], png: Path) -> bool:
     med, variants = data["medians"], data["variants"]
     b0 = variants[0]["batch_size"]
-    ref = next((med[v["id"]] for v in variants if v["batch_size"] == b0 and _is_default_frugal(med[v["id"]])), None)
+    ref = next((med[v["id"]] for v in variants if v["batch_size"] == b0 and is_default_frugal(med[v["id"]])), None)
     panels = []
     for tag in ("lookahead", "cache"):
-        ids = [v["id"] for v in variants if v["batch_size"] == b0 and (tag in v["ablations"] or _is_default_frugal(med[v["id"]]))
+        ids = [v["id"] for v in variants if v["batch_size"] == b0 and (tag in v["ablations"] or is_default_frugal(med[v["id"]]))
                and med[v["id"]]["runs"] and med[v["id"]]["kind"] == "frugal"]  # fmt: skip
         if any(tag in v["ablations"] for v in variants):
             panels.append((tag, ids))
     bar_ids = [v["id"] for v in variants if v["batch_size"] == b0 and med[v["id"]]["runs"] and (
-        _is_default_frugal(med[v["id"]]) or any(t in v["ablations"] for t in ("write_through", "heap", "flush_workers")))]  # fmt: skip
+        is_default_frugal(med[v["id"]]) or any(t in v["ablations"] for t in ("write_through", "heap", "flush_workers")))]  # fmt: skip
     if any(t in v["ablations"] for v in variants for t in ("write_through", "heap", "flush_workers")):
         panels.append(("bars", bar_ids))
     if not panels or ref is None:

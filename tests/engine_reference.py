@@ -16,6 +16,7 @@ import torch
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine import FrugalEngine
 from torchrec_frugal.optimizers import apply_update, state_width
+from torchrec_frugal.priority_queue import INF
 from torchrec_frugal.workload import ZipfWorkload
 
 
@@ -78,7 +79,7 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     if sc.broken_lookahead:
         # Owners then see no future host reads, defer every flush, and the gate never waits:
         # the reference check must catch the stale reads that follow.
-        eng.ring.mine_cached[:] = True
+        eng.ring.announced[:] = False
     offsets = eng.table_offsets
     ref_w, _ = eng.read_rows()
     ref_s = torch.zeros(eng.num_rows, state_width(spec, sc.dim))
@@ -87,6 +88,8 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
         return torch.cat([ids + offsets[t] for t, ids in enumerate(wl.batch(r, step))])
 
     max_rel = 0.0
+    window_uncached = 0  # most rows of the owner's window that no rank caches (after an update)
+    uncached = ~eng.ownership.cached
     gate_wait = 0.0
     step_time = 0.0
     for t in range(min(sc.lookahead, sc.steps)):
@@ -110,6 +113,9 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
             all_grads.append(g)
         u, g = _coalesce(rows, _grads(got, rank, step, sc.seed))
         eng.apply_gradients(u, g)
+        if eng.window is not None and step % 25 == 0:
+            with eng.flusher.lock:
+                window_uncached = max(window_uncached, int(((eng.window.next_read < INF) & uncached).sum()))
         gate_wait += eng.last_metrics.gate_wait_s
         step_time += eng.last_metrics.step_time_s
         ur, ug = _coalesce(torch.cat(all_rows), torch.cat(all_grads))
@@ -137,6 +143,8 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
         "host_path": eng.host.path,
         "registered": float(eng.host.registered),
         "device": str(eng.device),
+        "window_uncached": float(window_uncached),
+        "in_place": float(eng.owner_update.in_place),
         "ring_rows": float(eng.ring_record.rows),
         "grad_rows": float(eng.grad_record.rows),
     }

@@ -67,6 +67,13 @@ def check_results(world: int, scenarios: list, results: list) -> None:
             assert m["dynamic_after_flush"] == 0.0, (label, r, m)
             if sc.cache_ratio > 0 or sc.in_host is False:
                 assert m["flushed_rows"] > 0, (label, r, m)  # the flush path really ran
+            if sc.lookahead > 0:
+                # Owners that update uncached rows in place never hold their writes: nobody
+                # announces reads of them. Otherwise every host read is announced.
+                if m["in_place"]:
+                    assert m["window_uncached"] == 0, (label, r, m)
+                elif sc.cache_ratio < 1.0:
+                    assert m["window_uncached"] > 0, (label, r, m)
         step_ids = sc.ids_per_step * len(sc.table_rows)
         if sc.mailbox_rows < step_ids:  # the records really grew, and no further than a step needs
             for r, m in enumerate(per_rank):

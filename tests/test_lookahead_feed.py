@@ -36,7 +36,7 @@ def _feeds(tmp_path) -> List[LookaheadFeed]:
         control.set(INGESTED, -1)
         record = Record("ring", lambda k: ring_layout(L + 2, WORLD, k), keep_ring, RING_ROWS, str(tmp_path), 4, ROWS, r, WORLD)
         record.create_own(control, prefix)
-        ring = LookaheadRing(record, L + 2, control, OWNER, CACHED & (OWNER == r))
+        ring = LookaheadRing(record, L + 2, control, OWNER, ~(CACHED & (OWNER == r)))
         window = LookaheadWindow(ROWS)
         host = HostTables({"weights": torch.zeros(ROWS, 1), "state": torch.zeros(ROWS, 0)}, torch.empty(0), CPU, "auto", None)
         store = OwnerStore(ROWS, np.flatnonzero(CACHED & (OWNER == r)), 1, 0, CPU)

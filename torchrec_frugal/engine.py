@@ -114,8 +114,12 @@ class FrugalEngine:
         self.owner_update.reload()
 
         # The lookahead, the pending host writes of the rows this rank owns, the exchange.
-        mine_cached = self.ownership.cached & (owner == self.rank)
-        self.ring = LookaheadRing(self.ring_record, self.lookahead + 2, self.control, owner, mine_cached)
+        # The host reads a rank announces are those of rows an owner may hold a pending write of:
+        # every row it does not cache itself, or, where owners update their uncached rows in place
+        # in host memory (never pending), only the rows the other ranks cache.
+        cached, mine = self.ownership.cached, owner == self.rank
+        announced = cached & ~mine if in_place else ~(cached & mine)
+        self.ring = LookaheadRing(self.ring_record, self.lookahead + 2, self.control, owner, announced)
         self.window = LookaheadWindow(n) if self.lookahead > 0 else None
         self._failure: Optional[BaseException] = None
         self._closed = False

@@ -1,9 +1,10 @@
 """Lookahead window: for each owned row, the next future step at which some rank reads it from host.
 
 The data loader runs L steps ahead, so the ids of steps (s, s + L] are known while step s runs.
-An owner ingests, step by step, the rows that any rank will read from host memory (every row
-except the ones a rank finds in its own cache) and keeps ``next_read[row]``: the earliest such
-step, or INF. That is the flush priority of a row with a pending write.
+An owner ingests, step by step, the rows that any rank will read from host memory and that may
+have a pending write (every row except the ones a rank finds in its own cache; where owners
+update uncached rows in place in host memory, only cached rows) and keeps ``next_read[row]``:
+the earliest such step, or INF. That is the flush priority of a row with a pending write.
 
 Every read in the window is an entry of one flat ring, in step order, and each entry links to
 the step of the same row's next entry. Ingesting a step and retiring one therefore cost O(rows

@@ -1,7 +1,9 @@
 """The rows each rank announces for its future steps, in a ring of slots in its shared mailbox.
 
-A rank publishes step t by writing the rows it will read from host at t (its batch's rows
-minus the ones it caches itself), unique and grouped by owner, into slot ``t % ring`` of its
+A rank publishes step t by writing the rows it will read from host at t whose host copy can
+wait for a write (``announced``: the rows it does not cache itself or, where owners update
+uncached rows in place in host memory, only the rows other ranks cache), unique and grouped by
+owner, into slot ``t % ring`` of its
 mailbox's ring record (grown first if the step needs more rows), then raising its PUBLISHED
 counter. An owner collects step t from every rank's
 slot: its own group of each, merged into one sorted set of rows. A slot is reused only once
@@ -73,7 +75,7 @@ class LookaheadRing:
         ring: int,
         control: Control,
         owner: np.ndarray,
-        mine_cached: np.ndarray,
+        announced: np.ndarray,
     ) -> None:
         self.record = record
         self.rank = control.rank
@@ -81,11 +83,11 @@ class LookaheadRing:
         self.ring = ring
         self.control = control
         self.owner = owner
-        self.mine_cached = mine_cached
+        self.announced = announced  # per row: are this rank's host reads of it announced
 
     def publish(self, t: int, rows: np.ndarray, idle: Optional[Callable[[], bool]] = None) -> None:
-        """Announce the rows this rank reads from host at step t, grouped by owner."""
-        u = unique_sorted(rows[~self.mine_cached[rows]])
+        """Announce the rows this rank reads from host at step t that a pending write can hold, grouped by owner."""
+        u = unique_sorted(rows[self.announced[rows]])
         own = self.owner[u]
         order = np.argsort(own, kind="stable")
         slot = t % self.ring

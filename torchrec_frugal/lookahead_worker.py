@@ -2,8 +2,8 @@
 
 Per rank, one worker does, in order and in the background, what the lookahead costs:
 
-* publish each announced step of this rank (unique rows, minus its own cached ones, grouped
-  by owner, written into its ring slot; this may wait for the owners to free the slot, and
+* publish each announced step of this rank (the unique rows it reads from host that may have a
+  pending write, grouped by owner, written into its ring slot; this may wait for the owners to free the slot, and
   ingests meanwhile), and
 * ingest every step all ranks have published into the owner's window and queue (merge, next
   reads, re-prioritised deferred rows).

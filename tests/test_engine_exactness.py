@@ -9,7 +9,7 @@ from torchrec_frugal.test_utils import run_ranks
 from engine_reference import Scenario, run_scenarios
 from torchrec_frugal.shm import list_segments
 
-STEPS = 1500
+STEPS = 1000
 TOL = 1e-5
 
 

@@ -197,6 +197,7 @@ def build(
     table_rows: List[int] = TABLE_ROWS,
     config: Optional[Any] = None,
     device: torch.device = CPU,
+    data_parallel_wrapper: Optional[Any] = None,
 ) -> Tuple[nn.Module, Any, str]:
     """A DMP-wrapped model on ``device``, its CombinedOptimizer, and the key prefix of its embedding tables.
 
@@ -304,7 +305,9 @@ def build(
                 )
             }
         )
-    dmp = DistributedModelParallel(model, env=env, device=device, plan=plan, sharders=[sharder])
+    dmp = DistributedModelParallel(
+        model, env=env, device=device, plan=plan, sharders=[sharder], data_parallel_wrapper=data_parallel_wrapper
+    )
     sd = dmp.state_dict()
     for t, (name, (rows, dim)) in enumerate(zip(names, table_shapes(model_kind, table_rows))):
         sd[f"{path}.{prefix}.{name}.weight"] = initial_table(t, rows, dim)

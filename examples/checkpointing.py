@@ -164,6 +164,21 @@ class Checkpointer:
             raise SystemExit(f"{path} holds step {step}, past --steps {last_step}: raise --steps or give another --checkpoint-dir")
         return step, Path(path)
 
+    def data_parallel_wrapper(self) -> Optional[Any]:
+        """DistributedModelParallel's wrapper of the dense layers: with checkpoints, a DDP that keeps
+        its first gradient buckets; None (TorchRec's default) without.
+
+        By default DDP rebuilds its buckets after the first backward of every start, so the first
+        step after a resume would all-reduce the dense gradients in other buckets than the
+        uninterrupted run had, and a ring all-reduce over more than 2 ranks would add some of
+        them in another order. ``find_unused_parameters`` without a static graph never rebuilds.
+        """
+        if self.directory is None:
+            return None
+        from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+
+        return DefaultDataParallelWrapper(static_graph=False, find_unused_parameters=True)
+
     def due(self, step: int, last_step: int) -> bool:
         return self.directory is not None and (step == last_step or (self.every > 0 and step % self.every == 0))
 

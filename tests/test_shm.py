@@ -131,10 +131,12 @@ _CHILD = textwrap.dedent(
     """
     import os, sys, time, torch
     from torchrec_frugal import shm
+    mode = sys.argv[1]
+    if mode == "other_job" and os.fork():
+        os._exit(0)        # the child lives on, no longer a descendant of the test: another job
     name = shm.PREFIX + shm.new_run_id() + "_child"
     shm.SharedSegment.create(name, shm.Layout([shm.Field("x", torch.float32, (16,))]))
     print(name, flush=True)
-    mode = sys.argv[1]
     if mode == "crash":
         os._exit(0)        # no atexit handlers: the segment stays behind
     elif mode == "exit":
@@ -172,6 +174,36 @@ def test_sweep_removes_segment_of_dead_creator_and_keeps_live_ones():
         mine.unlink()
         os.unlink(odd)
     assert not _exists(mine.name)
+
+
+def test_the_leak_check_leaves_other_jobs_live_segments_alone():
+    """conftest's check answers for segments of this test run (stale ones, or held by this
+    process's descendants), not for those another job on the machine holds live meanwhile."""
+    import conftest
+
+    mine = _child("sleep")
+    other = _child("other_job")
+    try:
+        ours, theirs = mine.stdout.readline().strip(), other.stdout.readline().strip()
+        assert other.wait(timeout=60) == 0  # its creator is the orphaned child, still alive
+        other_pid = shm.creator_pid(theirs)
+        assert other_pid != other.pid and shm.pid_alive(other_pid)
+        assert _exists(ours) and _exists(theirs)
+        assert conftest.of_this_run(ours)
+        assert not conftest.of_this_run(theirs)
+        os.kill(other_pid, signal.SIGTERM)  # the other job ends and unlinks its segment
+        deadline = time.monotonic() + 60
+        while _exists(theirs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _exists(theirs)
+    finally:
+        mine.kill()
+        mine.wait()
+        pid = shm.creator_pid(theirs) if "theirs" in locals() else None
+        if pid is not None and shm.pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert conftest.of_this_run(ours)  # its creator was killed: stale, nobody will unlink it
+    assert ours in shm.sweep_stale_segments() and not _exists(ours)
 
 
 def test_creator_unlinks_at_exit():

@@ -148,7 +148,7 @@ def list_segments(run_id: Optional[str] = None, directory: Optional[str] = None)
         return []
 
 
-def _pid_of(name: str) -> Optional[int]:
+def creator_pid(name: str) -> Optional[int]:
     """The pid a name of our scheme (``frugal_<pid>x<hex>_...``, maybe being created) embeds:
     the process that chose the run id; None for any other name."""
     if name.startswith(_CREATING):
@@ -181,13 +181,23 @@ def _age_s(path: str) -> float:
         return 0.0
 
 
-def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
-    """Remove segments whose run is gone; returns the names removed.
+def is_stale(name: str, directory: Optional[str] = None) -> bool:
+    """Whether the segment ``name`` belongs to a run that is gone: nobody will unlink it.
 
-    A segment is stale when the pid its name embeds is not alive here and nobody holds its
-    creator's lock: the lock keeps segments of a live job in another pid namespace, the pid keeps
-    those of a live job that takes no lock (an older release of this package).
+    Stale when the pid its name embeds is not alive here and nobody holds its creator's lock: the
+    lock keeps segments of a live job in another pid namespace, the pid keeps those of a live job
+    that takes no lock (an older release of this package). A name still being created is young
+    and never stale: its creator may be between creating and locking it.
     """
+    path = os.path.join(directory or resolve_dir(), name)
+    if name.startswith(_CREATING) and _age_s(path) < 60.0:
+        return False
+    pid = creator_pid(name)
+    return pid is not None and not pid_alive(pid) and not _creator_alive(path)
+
+
+def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
+    """Remove the stale segments (:func:`is_stale`) of ``directory``; returns the names removed."""
     directory = directory or resolve_dir()
     try:
         names = sorted(os.listdir(directory))
@@ -195,12 +205,8 @@ def sweep_stale_segments(directory: Optional[str] = None) -> List[str]:
         return []
     removed = []
     for name in names:
-        path = os.path.join(directory, name)
-        if name.startswith(_CREATING) and _age_s(path) < 60.0:
-            continue  # its creator may be between creating and locking it
-        pid = _pid_of(name)
-        if pid is not None and not pid_alive(pid) and not _creator_alive(path):
-            _unlink_path(path)
+        if is_stale(name, directory):
+            _unlink_path(os.path.join(directory, name))
             removed.append(name)
     return removed
 

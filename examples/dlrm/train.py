@@ -303,7 +303,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     )
     plan_info = {"planned_cache_ratio": planned_cache_ratio(plan)} if args.sharder == "frugal" else {}
     dmp = DistributedModelParallel(
-        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg)  # type: ignore[list-item]
+        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg),  # type: ignore[list-item]
+        data_parallel_wrapper=ckpt.data_parallel_wrapper(),
     )
     dense_cls = torch.optim.Adagrad if cfg.dense_optimizer == "adagrad" else torch.optim.SGD
     opt = combined_optimizer(dmp, lambda ps: dense_cls(ps, lr=cfg.dense_lr))

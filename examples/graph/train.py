@@ -106,9 +106,15 @@ def frugal_sharder(args: argparse.Namespace, presample: Dict[str, torch.Tensor],
 
 
 def shard(
-    args: argparse.Namespace, model: KGEModel, sampler: ChunkedNegativeSampler, rank: int, device: torch.device
+    args: argparse.Namespace,
+    model: KGEModel,
+    sampler: ChunkedNegativeSampler,
+    rank: int,
+    device: torch.device,
+    data_parallel_wrapper: Optional[Any] = None,
 ) -> Tuple[DistributedModelParallel, Dict[str, Any]]:
-    """The model under ``--sharder`` (and ``--sharding``), plus facts about the plan."""
+    """The model under ``--sharder`` (and ``--sharding``), plus facts about the plan;
+    ``data_parallel_wrapper``: DistributedModelParallel's wrapper of the dense parameters."""
     presample = sampler.presample_counts(rank, args.presample_steps) if args.sharder == "frugal" else {}
     sharder, plan = shard_plan(
         args,
@@ -120,7 +126,8 @@ def shard(
         batch_per_rank=max(1, args.batch_size // dist.get_world_size()),
     )
     dmp = DistributedModelParallel(
-        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(dist.GroupMember.WORLD)  # type: ignore[list-item]
+        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),  # type: ignore[list-item]
+        data_parallel_wrapper=data_parallel_wrapper,
     )
     info = {"sharding": next(ps.sharding_type for mp in plan.plan.values() for ps in mp.values())}  # type: ignore[attr-defined]
     return dmp, info
@@ -308,7 +315,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     start = resume[0] if resume else 0
     t_setup = time.perf_counter()
     model = KGEModel(entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device)
-    dmp, plan_info = shard(args, model, sampler, rank, device)
+    dmp, plan_info = shard(args, model, sampler, rank, device, ckpt.data_parallel_wrapper())
     if args.sharder == "torchrec" or plan_info["sharding"] == "frugal_row_wise":
         seed_entity_table(dmp, cfg, args.seed, through_engines=args.sharder == "frugal")
     opt = combined_optimizer(dmp, lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr))

@@ -33,23 +33,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples.checkpointing import KILL_ENV  # noqa: E402
-from torchrec_frugal.shm import creator_pid, list_segments, pid_alive  # noqa: E402
-from torchrec_frugal.test_utils import children_cpu_s, machine_busy_s, median_or_nan  # noqa: E402
+from torchrec_frugal.shm import list_segments  # noqa: E402
+from torchrec_frugal.test_utils import children_cpu_s, leaked_segments, machine_busy_s, median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "dlrm" / "train.py"
 _UNIX_TIME = re.compile(r"at unix time ([0-9.]+)")
-
-
-def leaked_segments(before: Set[str]) -> List[str]:
-    """Frugal segments new since ``before`` whose creating process is gone: nobody will unlink them."""
-    new = set(list_segments()) - before
-    return sorted(n for n in new if not pid_alive(creator_pid(n) or 0))
 
 
 def train_args(args: argparse.Namespace, ckpt: Path, summary: Path) -> List[str]:

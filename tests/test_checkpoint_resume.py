@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples import checkpointing  # noqa: E402
-from torchrec_frugal.shm import creator_pid, list_segments, pid_alive  # noqa: E402
+from torchrec_frugal.shm import list_segments  # noqa: E402
+from torchrec_frugal.test_utils import leaked_segments  # noqa: E402
 
 DLRM = [
     "--sharder", "frugal", "--scale", "0.001", "--batch-size", "64", "--steps", "50", "--warmup", "5",
@@ -58,16 +59,6 @@ def torchrun(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-8000:]}"
     return out
-
-
-def leaked_segments(before: Set[str]) -> List[str]:
-    """Frugal segments that appeared since ``before`` and whose creator is dead.
-
-    Other jobs on the machine may hold live segments of their own; a segment whose creating
-    process is gone is one nobody will unlink.
-    """
-    new = set(list_segments()) - before
-    return sorted(n for n in new if not pid_alive(creator_pid(n) or 0))
 
 
 def final_state(checkpoint: Path, whole: Path, ranks: int = 2) -> Dict[str, Any]:

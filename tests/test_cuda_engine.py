@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import test_engine_exactness as exact
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.test_utils import leaked_segments, run_ranks
 from engine_reference import Scenario, run_scenarios
 from torchrec_frugal import shm
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
@@ -193,7 +193,7 @@ def test_engine_exact_with_ranks_sharing_one_gpu(world: int) -> None:
             m = results[r][i]
             assert m["device"] == "cuda:0" and m["host_path"] == sc.host_path, m
             assert m["registered"] == float(sc.host_path == "zero_copy"), m
-    assert shm.list_segments() == []
+    assert leaked_segments() == []
 
 
 _LOW_MEMLOCK = """

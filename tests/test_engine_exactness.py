@@ -5,9 +5,8 @@ import itertools
 
 import pytest
 
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.test_utils import leaked_segments, run_ranks
 from engine_reference import Scenario, run_scenarios
-from torchrec_frugal.shm import list_segments
 
 STEPS = 1000
 TOL = 1e-5
@@ -90,4 +89,4 @@ def test_engine_matches_reference(world: int) -> None:
     scenarios = _matrix_2() if world == 2 else _matrix_4()
     results = run_ranks(world, run_scenarios, scenarios, timeout=1200)
     check_results(world, scenarios, results)
-    assert list_segments() == []
+    assert leaked_segments() == []

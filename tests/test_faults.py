@@ -8,9 +8,8 @@ import time
 
 import torch
 
-from torchrec_frugal.test_utils import free_port, run_ranks
+from torchrec_frugal.test_utils import free_port, leaked_segments, run_ranks
 from torchrec_frugal import FrugalConfig, FrugalEngine, FrugalInputError, OptimizerSpec, TableSpec
-from torchrec_frugal.shm import list_segments
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,7 +45,7 @@ def test_sigkill_of_one_rank_stops_the_others_with_a_named_error() -> None:
         assert code != 0, f"rank {r} exited 0 after rank {victim} died:\n{err[-2000:]}"
         assert elapsed < 60, f"rank {r} took {elapsed:.1f} s to notice"
         assert "RankLostError" in err and f"rank {victim} (pid" in err, err[-2000:]
-    assert list_segments() == []
+    assert leaked_segments() == []
 
 
 def _bad_input_checks(rank: int, world: int) -> dict:
@@ -111,4 +110,4 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
         assert "step 2" in e["lookahead_mismatch"] and "differs" in e["lookahead_mismatch"], e
         assert res["unchanged"] and res["step_after_mismatch"] == 2
         assert res["moved"] > 0.0  # training continued after every refused call
-    assert list_segments() == []
+    assert leaked_segments() == []

@@ -177,9 +177,9 @@ def test_sweep_removes_segment_of_dead_creator_and_keeps_live_ones():
 
 
 def test_the_leak_check_leaves_other_jobs_live_segments_alone():
-    """conftest's check answers for segments of this test run (stale ones, or held by this
+    """The tests' leak check answers for segments of this test run (stale ones, or held by this
     process's descendants), not for those another job on the machine holds live meanwhile."""
-    import conftest
+    from torchrec_frugal.test_utils import of_this_run
 
     mine = _child("sleep")
     other = _child("other_job")
@@ -189,8 +189,8 @@ def test_the_leak_check_leaves_other_jobs_live_segments_alone():
         other_pid = shm.creator_pid(theirs)
         assert other_pid != other.pid and shm.pid_alive(other_pid)
         assert _exists(ours) and _exists(theirs)
-        assert conftest.of_this_run(ours)
-        assert not conftest.of_this_run(theirs)
+        assert of_this_run(ours)
+        assert not of_this_run(theirs)
         os.kill(other_pid, signal.SIGTERM)  # the other job ends and unlinks its segment
         deadline = time.monotonic() + 60
         while _exists(theirs) and time.monotonic() < deadline:
@@ -202,7 +202,7 @@ def test_the_leak_check_leaves_other_jobs_live_segments_alone():
         pid = shm.creator_pid(theirs) if "theirs" in locals() else None
         if pid is not None and shm.pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
-    assert conftest.of_this_run(ours)  # its creator was killed: stale, nobody will unlink it
+    assert of_this_run(ours)  # its creator was killed: stale, nobody will unlink it
     assert ours in shm.sweep_stale_segments() and not _exists(ours)
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 from torchrec_frugal import shm
+from torchrec_frugal.test_utils import leaked_segments
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "two_jobs_worker.py")
@@ -56,4 +57,4 @@ def test_two_jobs_at_once_leave_each_other_alone(tmp_path) -> None:
             m = json.loads((tmp_path / f"{job}.{rank}.json").read_text())
             assert m["max_rel_read_error"] <= TOL and m["host_vs_ref"] <= TOL, (job, rank, m)
             assert m["grad_rows"] > 2, (job, rank, m)  # the mailboxes grew while the other job ran
-    assert set(shm.list_segments()) - before == set()
+    assert leaked_segments(before) == []

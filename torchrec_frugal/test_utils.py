@@ -1,8 +1,8 @@
 """Utilities shared by the tests, the benchmarks and the examples (as ``torchrec.test_utils`` is TorchRec's).
 
-One copy of each: a free local port, a few spawned ranks with one gloo process group, the state
-of the checkout a figure was measured on, CPU clocks of the machine and of this process, and the
-median time of a callable.
+One copy of each: a free local port, a few spawned ranks with one gloo process group, the
+shared-memory segments a run left behind, the state of the checkout a figure was measured on, CPU
+clocks of the machine and of this process, and the median time of a callable.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def of_this_run(name: str) -> bool:
+    """Whether this process answers for the segment ``name``: nobody will unlink it any more (its
+    creator is gone), or this process or one of its descendants holds it.
+
+    Another job's live segments on the machine are not ours, whatever they do meanwhile.
+    """
+    if shm.is_stale(name):
+        return True
+    pid = shm.creator_pid(name)
+    return pid is not None and _descends_from(pid, os.getpid())
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # field 4: the parent's pid
+    return False
+
+
+def leaked_segments(before: Iterable[str] = ()) -> List[str]:
+    """Segments in the shared-memory directory, not in ``before``, that this run left behind or
+    still holds (:func:`of_this_run`)."""
+    return sorted(n for n in set(shm.list_segments()) - set(before) if of_this_run(n))
 
 
 def node_env(rank: int, world: int, nodes: int, shm_root: str) -> Dict[str, str]:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from test_torchrec_distributed import (
     BATCH,
     DIM,
+    LOOKAHEAD,
     REL_TOL,
     TABLE_ROWS,
     ZipfBatches,
@@ -39,7 +40,13 @@ from torchrec_frugal.test_utils import run_ranks
 
 STEPS = 60
 # (optimizer, pipeline, model): DLRM's EmbeddingBagCollection, or an EmbeddingCollection ("ec")
-RUNS = [("sgd", None, "dlrm"), ("adagrad", None, "dlrm"), ("adagrad", "pipeline", "dlrm"), ("adagrad", None, "ec")]
+RUNS = [
+    ("sgd", None, "dlrm"),
+    ("adagrad", None, "dlrm"),
+    ("adagrad", "pipeline", "dlrm"),
+    ("adagrad", None, "ec"),
+    ("adagrad", "pipeline", "ec"),
+]
 RUN_IDS = [f"{opt}/{pipe}/{model}" for opt, pipe, model in RUNS]
 
 
@@ -101,10 +108,13 @@ def _refuses_frugal_across_nodes(world: int) -> str:
 
 def _bad_ids(world: int) -> Dict[str, Any]:
     """Every rank feeds an id out of range (then a negative one): each is refused, naming the
-    feature, table and id, before the input dist sends it to another node; nothing changes."""
+    feature, table and id, before the input dist sends it to another node; nothing changes.
+    Then every rank announces batch 2 and trains batch 3: refused at the input dist (whose ids
+    the announcement already sent), naming the feature; batch 2 then trains."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from torchrec_frugal.errors import FrugalInputError
+    from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection
 
     dmp, opt, key = build(world, "frugal_row_wise", "adagrad")
     data = ZipfBatches(dist.get_rank())
@@ -122,6 +132,13 @@ def _bad_ids(world: int) -> Dict[str, Any]:
             seen[name] = None
         except FrugalInputError as e:
             seen[name] = str(e)
+    ebc = next(m for m in dmp.modules() if isinstance(m, FrugalShardedEmbeddingBagCollection))
+    ebc.push_lookahead(data.batch(2).sparse_features)
+    try:
+        dmp(data.batch(3))
+        seen["not_announced"] = None
+    except FrugalInputError as e:
+        seen["not_announced"] = str(e)
     after = full_tables(dmp, key, table_shapes("dlrm"))
     seen["unchanged"] = dist.get_rank() != 0 or all(np.array_equal(a, b) for a, b in zip(before, after))
     seen["trains_after"] = bool(np.isfinite(train(dmp, opt, data.batches(2, 3))).all())
@@ -132,7 +149,13 @@ def _bad_ids(world: int) -> Dict[str, Any]:
 def _lookahead_across_nodes(world: int) -> Dict[str, Any]:
     """FrugalTrainPipeline announces L batches ahead through the cross-node input dist: after one
     step each node's engine holds steps 1..L, and the step's forward reused the rows computed when
-    its batch was announced (each of the L + 1 batches read was turned into rows once)."""
+    its batch was announced (each of the L + 1 batches read was turned into rows once).
+
+    Over 12 steps, the bytes and collectives between nodes with the lookahead equal those without
+    it (the steps' input dists reuse the ids their announcements sent), and so do the losses."""
+    import os
+
+    from examples.comm_counter import CommCounter
     from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection, FrugalTrainPipeline
 
     dmp, opt, _ = build(world, "frugal_row_wise", "adagrad")
@@ -143,9 +166,22 @@ def _lookahead_across_nodes(world: int) -> Dict[str, Any]:
         own = lookup.group_rows
         lookup.group_rows = lambda f, own=own: computed.append(1) or own(f)  # type: ignore[method-assign]
     FrugalTrainPipeline(dmp, opt, torch.device("cpu")).progress(data.batches(0, 20))
-    seen = {"window": ebc.lookahead(), "rows_computed_per_lookup": len(computed) / len(ebc.frugal_lookups()),
-            "capacity": ebc.lookahead_capacity()}  # fmt: skip
+    seen: Dict[str, Any] = {"window": ebc.lookahead(), "rows_computed_per_lookup": len(computed) / len(ebc.frugal_lookups()),
+                            "capacity": ebc.lookahead_capacity()}  # fmt: skip
     release(dmp)
+    counter = CommCounter(int(os.environ["LOCAL_WORLD_SIZE"]))
+    for window in (LOOKAHEAD, 0):
+        dmp, opt, _ = build(world, "frugal_row_wise", "adagrad")
+        pipeline = FrugalTrainPipeline(dmp, opt, torch.device("cpu"), lookahead=window)
+        counter.reset()
+        counter.install()
+        try:
+            batches = iter(data.batches(0, 12))
+            losses = [float(pipeline.progress(batches)[0].detach()) for _ in range(12)]
+        finally:
+            counter.uninstall()
+        seen[f"L={window}"] = {"between": counter.between_nodes, "calls": counter.calls, "losses": losses}
+        release(dmp)
     return seen
 
 
@@ -274,13 +310,17 @@ def test_bad_ids_are_refused_before_they_cross_nodes(nodes: List[Dict[str, Any]]
             "nothing was changed"
         )
         assert b["negative"] is not None and "'f5'" in b["negative"] and "id -7" in b["negative"]
+        msg = b["not_announced"]
+        assert msg is not None and "announced for its step in feature 'f" in msg and "nothing was changed" in msg, msg
         assert b["unchanged"] and b["trains_after"]
 
 
 def test_the_lookahead_window_is_fed_across_nodes(nodes: List[Dict[str, Any]]) -> None:
-    from test_torchrec_distributed import LOOKAHEAD
-
     for r in nodes:
         la = r["lookahead"]
         assert la["window"] == LOOKAHEAD and la["capacity"] == 1
         assert la["rows_computed_per_lookup"] == LOOKAHEAD + 1
+        ahead, none = la[f"L={LOOKAHEAD}"], la["L=0"]
+        assert none["between"] > 0
+        assert (ahead["between"], ahead["calls"]) == (none["between"], none["calls"])
+        np.testing.assert_allclose(ahead["losses"], none["losses"], rtol=REL_TOL)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,15 @@ class _AnnouncedBatch:
     group_rows: List[Tuple[torch.Tensor, torch.Tensor]]
 
 
+class AnnounceDist(Protocol):
+    """Where a future batch's ids go before they reach the lookup (frugal_row_wise: the owning
+    nodes, a collective), kept for its step once every module took the batch."""
+
+    def send(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor: ...
+
+    def commit(self, sent: bool) -> None: ...
+
+
 class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]):
     """Lookup of a frugal sharding: pooled ([B, sum dims]) or sequence ([values, dim]) output."""
 
@@ -45,7 +54,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         pg: Optional[dist.ProcessGroup],
         device: torch.device,
         checkpoint_pg: Optional[dist.ProcessGroup] = None,
-        announce_dist: Optional[Callable[[KeyedJaggedTensor], KeyedJaggedTensor]] = None,
+        announce_dist: Optional[AnnounceDist] = None,
     ) -> None:
         super().__init__()
         self._pooled = pooled
@@ -155,7 +164,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         (frugal_row_wise) it first goes where the step's input dist will send it: a collective,
         which every rank runs for the same batches in the same order (the train pipeline does)."""
         if self._announce_dist is not None:
-            features = self._announce_dist(features)
+            features = self._announce_dist.send(features)
         group_rows = self.group_rows(features)
         # Copies: a loader may refill its buffers before the announced step runs.
         self._last_lookahead = _AnnouncedBatch(
@@ -169,6 +178,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         last, self._last_lookahead = self._last_lookahead, None
         same = last is not None and all(a is b for (a, _), b in zip(last.group_rows, rows))
         self._announced_batches.append(last if same else None)
+        if self._announce_dist is not None:
+            self._announce_dist.commit(same)
 
     def lookahead_capacity(self) -> int:
         """How many more future steps the engines accept now."""

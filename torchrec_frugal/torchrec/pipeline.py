@@ -12,7 +12,7 @@ from typing import Any, Deque, Iterator, List, Optional
 
 import torch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-from torchrec.distributed.train_pipeline.pipeline_context import In, Out
+from torchrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from .embedding_types import FrugalShardedModuleMixin
@@ -75,6 +75,12 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         super().fill_pipeline(dataloader_iter)
         # Runs at the start of every progress(): the step about to run gets announced.
         self._announce()
+
+    def start_sparse_data_dist(self, batch: Optional[In], context: TrainPipelineContext) -> None:
+        # A batch is announced before its input dist starts (frugal_row_wise's reuses what the
+        # announcement sent); this matters for the first batch, whose dist starts as the model is traced.
+        self._announce()
+        super().start_sparse_data_dist(batch, context)
 
     # ------------------------------------------------------------------ reading ahead
     def _frugal_modules(self) -> Optional[List[FrugalShardedModuleMixin]]:

@@ -75,11 +75,14 @@ def test_bytes_between_and_within_nodes_follow_the_dists(lookahead):
     share = (W - R) / (W - 1)
     assert costs["row_wise"].details[BYTES[0]] == pytest.approx(W * share * (rw_in + rw_out))
     assert costs["row_wise"].details[BYTES[1]] == pytest.approx(W * (1 - share) * (rw_in + rw_out))
-    # frugal_row_wise: only the N-rank cross-node group; its input dist runs twice with a lookahead
+    # frugal_row_wise: only the N-rank cross-node group; a batch's ids cross once, with or without
+    # a lookahead (twice with one, priced as recorded runs of the code before the reuse ran)
     frw_in = ids * (N - 1) / N + (N - 1) * B * T * 4
-    frw = (2 if lookahead else 1) * frw_in + 2 * (N - 1) * B * D * F32
+    frw = frw_in + 2 * (N - 1) * B * D * F32
     assert costs[FRUGAL_ROW_WISE].details[BYTES[0]] == pytest.approx(W * frw)
     assert costs[FRUGAL_ROW_WISE].details[BYTES[1]] == 0.0
+    resent = CostModel(load_profile("cpu"), announced_ids_resent=True).predict(w, Plan(FRUGAL_ROW_WISE, lookahead=lookahead))
+    assert resent.details[BYTES[0]] == pytest.approx(W * (frw + (frw_in if lookahead else 0)))
     # the acceptance of the nodes issue: no more bytes between nodes than row_wise
     assert costs[FRUGAL_ROW_WISE].details[BYTES[0]] < costs["row_wise"].details[BYTES[0]]
     # table_row_wise: whole tables per node; pooled sums reduce-scattered inside, then N B samples across
@@ -103,7 +106,7 @@ def test_predicted_bytes_match_the_counted_ones(result):
     doc = json.loads((RESULTS / result).read_text())
     a = doc["args"]
     w = dlrm_workload(a["config"], a["nodes"] * a["nproc"], a["batch_size"], a["scale"], nodes=a["nodes"])
-    model = CostModel(load_profile("cpu"))
+    model = CostModel(load_profile("cpu"), announced_ids_resent=a.get("announced_ids_resent", False))
     for name, row in doc["table"].items():
         if name == "planned":  # priced as the plan it recorded: test_bench_nodes_predicts_its_recorded_runs
             continue

@@ -113,7 +113,13 @@ def test_engine_checks_host_memory_before_allocating(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(host_memory, "mem_available", lambda: 1 * MIB)
     created = []
-    monkeypatch.setattr(shm.SharedSegment, "_create", lambda self: created.append(self.name))
+    segment_init = shm.SharedSegment.__init__
+
+    def record(self: shm.SharedSegment, name: str, *args: object, **kwargs: object) -> None:
+        created.append(name)
+        segment_init(self, name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shm.SharedSegment, "__init__", record)
     with pytest.raises(HostMemoryError, match=r"emb 100000 x 8 \(3.1 MiB\).*1048576 bytes \(0.00 GiB\) are available"):
         FrugalEngine([TableSpec("emb", 100_000, 8)], OptimizerSpec(kind="sgd"), FrugalConfig())
     assert created == []

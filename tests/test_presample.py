@@ -21,12 +21,11 @@ def _per_table_bincount(batches: Sequence[Sequence[torch.Tensor]], rows: Sequenc
 
 
 @pytest.mark.parametrize("flush_ids", [1, 50, 1 << 20])  # a bincount per batch, every few batches, once
-def test_counts_equal_per_table_bincounts(monkeypatch: pytest.MonkeyPatch, flush_ids: int) -> None:
-    monkeypatch.setattr(presample, "_MIN_FLUSH_IDS", flush_ids)
+def test_counts_equal_per_table_bincounts(flush_ids: int) -> None:
     rows = [1000, 7, 300]
     wl = ZipfWorkload(rows, ids_per_step=64, s=1.2, seed=3)
     batches = [wl.batch(1, s) for s in range(9)]
-    got = presample.count_ids(iter(batches), rows)
+    got = presample.count_ids(iter(batches), rows, min_flush_ids=flush_ids)
     assert [c.dtype for c in got] == [torch.int64] * 3
     assert [c.tolist() for c in got] == [c.tolist() for c in _per_table_bincount(batches, rows)]
     assert [c.tolist() for c in wl.counts(1, 9)] == [c.tolist() for c in got]

@@ -52,10 +52,36 @@ def _defined(tree: ast.AST) -> Set[str]:
     return {n for n in out if _is_private(n)}
 
 
+REFLECTION = ("setattr", "getattr", "hasattr", "delattr")
+
+
+def _by_string(node: ast.Call) -> Iterator[str]:
+    """Private names a call reaches by string: ``setattr(x, "_name", v)``, ``getattr(x, "_name")``,
+    ``monkeypatch.setattr(x, "_name", v)`` (x not self/cls), ``monkeypatch.setattr("m.C._name", v)``."""
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    if name not in REFLECTION or not node.args:
+        return
+    first = node.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        last = first.value.rsplit(".", 1)[-1]
+        if "." in first.value and _is_private(last):
+            yield last
+        return
+    if isinstance(first, ast.Name) and first.id in ("self", "cls"):
+        return
+    if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+        if _is_private(node.args[1].value):
+            yield node.args[1].value
+
+
 def _accesses(tree: ast.AST) -> Iterator[Tuple[int, str, str]]:
-    """(line, expression, private name) of ``x._name`` with x not self/cls/super(), and of
-    ``from m import _name`` / ``import m._name``."""
+    """(line, expression, private name) of ``x._name`` with x not self/cls/super(), of the same
+    reached by string (:func:`_by_string`), and of ``from m import _name`` / ``import m._name``."""
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for name in _by_string(node):
+                yield node.lineno, ast.unparse(node), name
         if isinstance(node, ast.Attribute) and _is_private(node.attr):
             base = node.value
             if isinstance(base, ast.Name) and base.id in ("self", "cls"):
@@ -110,6 +136,11 @@ def test_no_private_reach_ins() -> None:
         ("super()._init()", False),
         ("from a.b import _helper", True),
         ("from torch.distributed._shard import x", True),
+        ('monkeypatch.setattr(presample, "_MIN_FLUSH_IDS", 1)', True),
+        ('monkeypatch.setattr("torchrec_frugal.shm._create", f)', True),
+        ('setattr(eng, "_flush_once", f)', True),
+        ('getattr(self, "_lock")', False),
+        ('monkeypatch.setattr(presample, "MIN_FLUSH_IDS", 1)', False),
     ],
 )
 def test_the_check_finds_reach_ins(code: str, flagged: bool) -> None:

@@ -11,15 +11,18 @@ from typing import Iterable, List, Sequence
 import torch
 
 # Ids buffered before one bincount at the least: few bincounts over the tables' rows, bounded memory.
-_MIN_FLUSH_IDS = 1 << 20
+MIN_FLUSH_IDS = 1 << 20
 
 
-def count_ids(batches: Iterable[Sequence[torch.Tensor]], rows: Sequence[int]) -> List[torch.Tensor]:
+def count_ids(
+    batches: Iterable[Sequence[torch.Tensor]], rows: Sequence[int], min_flush_ids: int = MIN_FLUSH_IDS
+) -> List[torch.Tensor]:
     """Per-table id counts over ``batches``: int64 ``[rows[t]]`` for table ``t``.
 
     Each batch is a sequence of id tensors, one per table, in table order (duplicates count
     again), e.g. a ``[tables, B]`` tensor or a KJT's ``values().split(length_per_key())``.
-    Ids of all tables go through one bincount over the tables' concatenated rows. Raises
+    Ids of all tables go through one bincount over the tables' concatenated rows, once at least
+    ``min_flush_ids`` (and one batch's worth) are buffered. Raises
     ``ValueError`` on an id outside its table or a batch with another number of tables.
     """
     sizes = torch.tensor([int(n) for n in rows], dtype=torch.int64)
@@ -47,7 +50,7 @@ def count_ids(batches: Iterable[Sequence[torch.Tensor]], rows: Sequence[int]) ->
             raise ValueError(f"table {t}: id {int(ids[bad][0])} is outside its {int(sizes[t])} rows")
         pending.append(ids + offsets.repeat_interleave(lengths))
         buffered += ids.numel()
-        if buffered >= max(total, _MIN_FLUSH_IDS):
+        if buffered >= max(total, min_flush_ids):
             flush()
     flush()
     return [c.clone() for c in counts.split(sizes.tolist())]  # own storage each, as separate tables

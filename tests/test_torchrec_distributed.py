@@ -562,19 +562,23 @@ def run_checks(world: int) -> Dict[str, Any]:
 
 
 def run_checkpoint(
-    rank: int, world: int, phase: str, directory: str, k: int, steps: int, device: str = "cpu"
+    rank: int, world: int, phase: str, directory: str, k: int, steps: int, device: str = "cpu", sharding: str = "frugal"
 ) -> Dict[str, Any]:
     """phase "save": train steps [0, k) and save with torch.distributed.checkpoint;
-    phase "resume": fresh model, load, train steps [k, steps). Frugal tables on ``device``."""
+    phase "resume": fresh model, load, train steps [k, steps); phase "whole": train [0, steps).
+    Frugal tables on ``device``; ``sharding`` as for :func:`build` ("mixed": frugal and table_wise)."""
     import torch.distributed.checkpoint as dcp
 
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dmp, optimizer, key = build(world, "frugal", "adagrad", device=dev)
+    dmp, optimizer, key = build(world, sharding, "adagrad", device=dev)
     data = ZipfBatches(dist.get_rank())
     result: Dict[str, Any] = {}
-    if phase == "save":
+    if phase == "whole":
+        result["losses"] = np.array(train(dmp, optimizer, data.batches(0, steps), pipeline="frugal", device=dev))
+        result["tables"] = full_tables(dmp, key, table_shapes("dlrm"))
+    elif phase == "save":
         result["losses"] = np.array(train(dmp, optimizer, data.batches(0, k), pipeline="frugal", device=dev))
         dcp.save({"model": dmp.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=directory)
     else:
@@ -751,3 +755,22 @@ def test_checkpoint_resumes_bit_for_bit(world2: List[Dict[str, Any]]) -> None:
         assert np.array_equal(resumed[rank]["losses"], whole[k:])
     for x, y in zip(resumed[0]["tables"], world2[0]["frugal_adagrad_pipeline"]["tables"]):
         assert np.array_equal(x, y)
+
+
+def test_a_mixed_plan_resumes_bit_for_bit() -> None:
+    """Frugal and table_wise tables in one plan (fused row-wise Adagrad, FBGEMM's state for the
+    stock ones, the engines' for the frugal ones) save and load through one checkpoint: the
+    resumed run continues the uninterrupted one bit for bit, losses and every table."""
+    k, steps = 15, 30
+    with tempfile.TemporaryDirectory() as directory:
+        whole = run_ranks(2, run_checkpoint, "whole", directory, k, steps, "cpu", "mixed")
+        saved = run_ranks(2, run_checkpoint, "save", directory, k, steps, "cpu", "mixed")
+        resumed = run_ranks(2, run_checkpoint, "resume", directory, k, steps, "cpu", "mixed")
+    for rank in range(2):
+        assert np.array_equal(saved[rank]["losses"], whole[rank]["losses"][:k])
+        assert np.array_equal(resumed[rank]["losses"], whole[rank]["losses"][k:])
+    moved = 0
+    for t, (x, y) in enumerate(zip(resumed[0]["tables"], whole[0]["tables"])):
+        assert np.array_equal(x, y), f"table t{t}"
+        moved += int(not np.array_equal(x, initial_table(t, x.shape[0])))
+    assert moved == len(TABLE_ROWS)  # every table trained, frugal and table_wise alike

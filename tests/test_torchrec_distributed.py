@@ -757,6 +757,23 @@ def test_checkpoint_resumes_bit_for_bit(world2: List[Dict[str, Any]]) -> None:
         assert np.array_equal(x, y)
 
 
+@pytest.mark.parametrize("saved_as, resumed_as", [("frugal", "row_wise"), ("table_wise", "frugal")])
+def test_a_checkpoint_resumes_under_another_sharding(saved_as: str, resumed_as: str) -> None:
+    """A checkpoint is TorchRec's: saved under frugal, it resumes under stock row_wise (and a
+    table_wise one under frugal), weights and row-wise Adagrad state resharded by
+    torch.distributed.checkpoint; the run continues like the uninterrupted one (1e-4 relative:
+    FBGEMM's kernels against the engine's)."""
+    k, steps = 15, 30
+    with tempfile.TemporaryDirectory() as directory:
+        whole = run_ranks(2, run_checkpoint, "whole", directory, k, steps, "cpu", saved_as)
+        run_ranks(2, run_checkpoint, "save", directory, k, steps, "cpu", saved_as)
+        resumed = run_ranks(2, run_checkpoint, "resume", directory, k, steps, "cpu", resumed_as)
+    for rank in range(2):
+        np.testing.assert_allclose(resumed[rank]["losses"], whole[rank]["losses"][k:], rtol=REL_TOL)
+    for t, (x, y) in enumerate(zip(resumed[0]["tables"], whole[0]["tables"])):
+        np.testing.assert_allclose(x, y, rtol=REL_TOL, atol=1e-6, err_msg=f"table t{t}")
+
+
 def test_a_mixed_plan_resumes_bit_for_bit() -> None:
     """Frugal and table_wise tables in one plan (fused row-wise Adagrad, FBGEMM's state for the
     stock ones, the engines' for the frugal ones) save and load through one checkpoint: the

@@ -93,8 +93,9 @@ def restart_scoped_store(world: int) -> Optional[dist.Store]:
 def require_cuda_fbgemm(device: torch.device, what: str) -> None:
     """Stop with a clear message where ``what`` needs FBGEMM's CUDA kernels and only its CPU build is installed.
 
-    Stock TorchRec shardings run FBGEMM's fused kernels on the device; frugal tables run none,
-    so Frugal-only plans train on CUDA with the small CPU build (fbgemm-gpu-cpu).
+    Stock TorchRec shardings run FBGEMM's fused kernels on the device, and frugal_row_wise runs
+    TorchRec's row-wise dists (FBGEMM's bucketize and permute ops); "frugal" tables run none, so
+    plans of "frugal" tables only train on CUDA with the small CPU build (fbgemm-gpu-cpu).
     """
     import fbgemm_gpu
 
@@ -102,7 +103,8 @@ def require_cuda_fbgemm(device: torch.device, what: str) -> None:
         raise SystemExit(
             f"{what} on CUDA runs FBGEMM's CUDA kernels, but the installed fbgemm_gpu "
             f"{fbgemm_gpu.__version__} is the CPU build (fbgemm-gpu-cpu): install the CUDA build "
-            "(fbgemm-gpu) for it, or use --sharder frugal, which needs no FBGEMM CUDA kernel"
+            "(fbgemm-gpu) for it, or shard every table \"frugal\" (--sharder frugal on one node), which needs no "
+            "FBGEMM CUDA kernel"
         )
 
 
@@ -163,7 +165,7 @@ def shard_plan(
     world = dist.get_world_size(pg)
     topo = topology(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device)
     if args.sharder == "frugal":
-        from torchrec_frugal.torchrec import FRUGAL_ROW_WISE, FrugalShardingPlanner
+        from torchrec_frugal.torchrec import FRUGAL, FRUGAL_ROW_WISE, FrugalShardingPlanner
 
         config = frugal_config(args)
         sharder = frugal_sharder(config)
@@ -182,6 +184,9 @@ def shard_plan(
             topology=topo, config=config, hardware=hardware, batch_size=batch_per_rank, constraints=constraints
         )
         plan = planner.collective_plan(model, [sharder], pg)
+        stock = sorted({t for t in plan_shardings(plan).values() if t != FRUGAL})
+        if stock:  # frugal_row_wise's dists and stock tables run FBGEMM ops on the device
+            require_cuda_fbgemm(device, f"this plan ({', '.join(stock)} tables)")
         if hardware is not None:  # the chosen L (none: the plan has no frugal table, nothing to read ahead for)
             args.lookahead = planner.lookahead if planner.lookahead is not None else 0
         return sharder, plan

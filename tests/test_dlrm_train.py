@@ -175,3 +175,17 @@ def test_hardware_without_the_frugal_sharder_is_refused(capsys):
         parse_args(["--hardware", "cpu"])
     assert "--hardware cpu plans with FrugalShardingPlanner" in capsys.readouterr().err
     assert parse_args(["--sharder", "frugal", "--hardware", "cpu"]).hardware == "cpu"
+
+
+def test_plans_needing_fbgemm_cuda_kernels_are_refused_with_the_cpu_build():
+    """On CUDA with FBGEMM's CPU build (what the plugin needs for "frugal" tables), a plan with
+    stock or frugal_row_wise tables stops with a message naming them, not a dispatcher error."""
+    import fbgemm_gpu
+    import torch
+
+    from examples.common import require_cuda_fbgemm
+
+    assert fbgemm_gpu.__variant__ == "cpu"  # the pinned stack on this machine
+    with pytest.raises(SystemExit, match=r"this plan \(frugal_row_wise, table_wise tables\) on CUDA .*CPU build"):
+        require_cuda_fbgemm(torch.device("cuda", 0), "this plan (frugal_row_wise, table_wise tables)")
+    require_cuda_fbgemm(torch.device("cpu"), "this plan (table_wise tables)")  # CPU kernels are there

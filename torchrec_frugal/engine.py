@@ -220,7 +220,7 @@ class FrugalEngine:
         """
         self._raise_if_failed()
         t0 = time.perf_counter()
-        rows = rows.reshape(-1)
+        rows = rows.reshape(-1).to("cpu")  # row ids are host-side bookkeeping (begin_step takes them so too)
         plan = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy(), self.host.sorted_reads)
         self._recorder.lookups += int(rows.shape[0])
         self._recorder.cache_hits += plan.n_static_hits

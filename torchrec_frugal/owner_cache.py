@@ -76,7 +76,7 @@ def ownership_from_presample(
                 raise FrugalInputError(
                     f"table {spec.name!r}: presample counts have {c.numel()} entries, expected {spec.num_embeddings}"
                 )
-        counts = torch.cat([c.reshape(-1).to(torch.float64) for c in presample_counts])
+        counts = torch.cat([c.reshape(-1).to("cpu", torch.float64) for c in presample_counts])
     per_table = [part.numpy() for part in sum_over_ranks(counts).split(sizes)]
     return assign_ownership(per_table, cache_ratio, world_size)
 

@@ -43,7 +43,7 @@ def count_ids(
         if len(batch) != len(sizes):
             raise ValueError(f"a batch has ids of {len(batch)} tables, expected {len(sizes)}")
         lengths = torch.tensor([t.numel() for t in batch], dtype=torch.int64)
-        ids = torch.cat([t.reshape(-1) for t in batch]).to(torch.int64)
+        ids = torch.cat([t.reshape(-1) for t in batch]).to("cpu", torch.int64)
         bad = (ids < 0) | (ids >= sizes.repeat_interleave(lengths))
         if bool(bad.any()):
             t = int(torch.searchsorted(torch.cumsum(lengths, 0), int(bad.nonzero()[0]), right=True))

@@ -6,7 +6,7 @@ changes, with an error naming the table (a FrugalInputError: the run goes on).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ class FusedRows:
         sizes = [t.num_embeddings for t in self.tables]
         self.num_rows = int(sum(sizes))
         self.offsets = torch.tensor([0] + list(np.cumsum(sizes)), dtype=torch.int64)
+        self.sizes = torch.tensor(sizes, dtype=torch.int64)
 
     def of_ids(self, table: int, ids: torch.Tensor) -> torch.Tensor:
         """Fused rows of ``ids`` of table index ``table``; raises on ids out of range."""
@@ -36,6 +37,17 @@ class FusedRows:
                 bad = lo if lo < 0 else hi
                 raise FrugalInputError(f"table {spec.name!r}: id {bad} is out of range [0, {spec.num_embeddings})")
         return ids + self.offsets[table]
+
+    def of_table_ids(self, tables: torch.Tensor, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """Fused rows of ``ids`` (flat, int32 or int64), id ``i`` of table index ``tables[i]``: one
+        batched check for the ids of many tables. None if a dtype or an id is wrong; :meth:`of_ids`,
+        per table, then says which."""
+        if ids.dtype not in (torch.int64, torch.int32):
+            return None
+        ids = ids.reshape(-1).to("cpu", torch.int64)
+        if ids.numel() and bool(((ids < 0) | (ids >= self.sizes[tables])).any()):
+            return None
+        return ids + self.offsets[tables]
 
     def check(self, rows: torch.Tensor, what: str) -> torch.Tensor:
         """``rows`` as a flat CPU int64 tensor; raises, naming ``what``, on a wrong dtype or a row out of range."""

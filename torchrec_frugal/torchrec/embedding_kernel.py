@@ -110,6 +110,9 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
     def fused_rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
         return self.engine.rows(table, ids)
 
+    def fused_rows_of_tables(self, tables: torch.Tensor, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        return self.engine.rows_of_tables(tables, ids)
+
     def announce(self, rows: torch.Tensor) -> None:
         """Push the rows of a future step to the engine's lookahead window."""
         self.engine.push_lookahead(rows)

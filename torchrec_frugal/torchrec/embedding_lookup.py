@@ -77,6 +77,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             gi, ti = where[table.name]
             self._positions[gi].append(p)
             self._position_table.append(ti)
+        # Per group, the table index of each of its features (in its order), for one batched check.
+        self._group_tables = [torch.tensor([self._position_table[p] for p in ps], dtype=torch.int64) for ps in self._positions]
         self._features_of_table: List[Dict[int, List[str]]] = [
             {ti: [self._feature_names[p] for p in ps if self._position_table[p] == ti] for ti in range(len(g.tables))}
             for g, ps in zip(self.groups, self._positions)
@@ -112,14 +114,22 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         self._check_layout(features)
         values, keys, opk = features.values(), features.keys(), features.offset_per_key()
         out = []
-        for g, positions in zip(self.groups, self._positions):
-            parts = []
-            for p in positions:
-                try:
-                    parts.append(g.fused_rows(self._position_table[p], values[opk[p] : opk[p + 1]]))
-                except FrugalInputError as e:
-                    raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
-            rows, inverse = torch.unique(torch.cat(parts), return_inverse=True)
+        for g, positions, tables in zip(self.groups, self._positions, self._group_tables):
+            first, last = positions[0], positions[-1]
+            if last - first + 1 == len(positions):  # the group's features lie side by side
+                ids = values[opk[first] : opk[last + 1]]
+            else:
+                ids = torch.cat([values[opk[p] : opk[p + 1]] for p in positions])
+            counts = torch.tensor([opk[p + 1] - opk[p] for p in positions], dtype=torch.int64)
+            fused = g.fused_rows_of_tables(tables.repeat_interleave(counts), ids)
+            if fused is None:  # a wrong id or dtype: find it feature by feature, and name it
+                for p in positions:
+                    try:
+                        g.fused_rows(self._position_table[p], values[opk[p] : opk[p + 1]])
+                    except FrugalInputError as e:
+                        raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
+                raise AssertionError("the batched id check and the per-table one disagree")
+            rows, inverse = torch.unique(fused, return_inverse=True)
             out.append((rows, inverse))
         return out
 

@@ -153,11 +153,20 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         kjt_weights = features.weights_or_none() if self._pooled else None
         batches = []
         for (rows, inverse), positions in zip(group_rows, self._positions):
-            g_lengths = torch.cat([lengths[p * stride : (p + 1) * stride] for p in positions])
+            first, last = positions[0], positions[-1]
+            side_by_side = last - first + 1 == len(positions)
+            if side_by_side:
+                g_lengths = lengths[first * stride : (last + 1) * stride]
+            else:
+                g_lengths = torch.cat([lengths[p * stride : (p + 1) * stride] for p in positions])
             weights = None
             if self._pooled:
                 if kjt_weights is not None:
-                    weights = torch.cat([kjt_weights[opk[p] : opk[p + 1]] for p in positions])
+                    weights = (
+                        kjt_weights[opk[first] : opk[last + 1]]
+                        if side_by_side
+                        else torch.cat([kjt_weights[opk[p] : opk[p + 1]] for p in positions])
+                    )
                 mean = self._mean_positions[positions]
                 if bool(mean.any()):
                     bag_mean = mean.repeat_interleave(stride).to(g_lengths.device)
@@ -234,6 +243,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                 per_sample_weights=None if b.weights is None else b.weights.to(self._device, w.dtype),
                 include_last_offset=True,
             )
+            if len(positions) == len(out):  # one group serves every feature, in order: [F B, d] -> [B, F d]
+                return pooled.view(len(out), stride, -1).transpose(0, 1).reshape(stride, -1)
             for p, chunk in zip(positions, pooled.split(stride)):
                 out[p] = chunk
         return torch.cat(out, dim=1)  # type: ignore[arg-type]

@@ -77,8 +77,12 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             gi, ti = where[table.name]
             self._positions[gi].append(p)
             self._position_table.append(ti)
-        # Per group, the table index of each of its features (in its order), for one batched check.
+        # Per group, the table index of each of its features (in its order), for one batched check,
+        # and its features' span of positions when they lie side by side (one slice of the KJT).
         self._group_tables = [torch.tensor([self._position_table[p] for p in ps], dtype=torch.int64) for ps in self._positions]
+        self._spans: List[Optional[Tuple[int, int]]] = [
+            (ps[0], ps[-1] + 1) if ps[-1] - ps[0] + 1 == len(ps) else None for ps in self._positions
+        ]
         self._features_of_table: List[Dict[int, List[str]]] = [
             {ti: [self._feature_names[p] for p in ps if self._position_table[p] == ti] for ti in range(len(g.tables))}
             for g, ps in zip(self.groups, self._positions)
@@ -114,10 +118,9 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         self._check_layout(features)
         values, keys, opk = features.values(), features.keys(), features.offset_per_key()
         out = []
-        for g, positions, tables in zip(self.groups, self._positions, self._group_tables):
-            first, last = positions[0], positions[-1]
-            if last - first + 1 == len(positions):  # the group's features lie side by side
-                ids = values[opk[first] : opk[last + 1]]
+        for g, positions, tables, span in zip(self.groups, self._positions, self._group_tables, self._spans):
+            if span is not None:
+                ids = values[opk[span[0]] : opk[span[1]]]
             else:
                 ids = torch.cat([values[opk[p] : opk[p + 1]] for p in positions])
             counts = torch.tensor([opk[p + 1] - opk[p] for p in positions], dtype=torch.int64)
@@ -152,19 +155,17 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         opk = features.offset_per_key()
         kjt_weights = features.weights_or_none() if self._pooled else None
         batches = []
-        for (rows, inverse), positions in zip(group_rows, self._positions):
-            first, last = positions[0], positions[-1]
-            side_by_side = last - first + 1 == len(positions)
-            if side_by_side:
-                g_lengths = lengths[first * stride : (last + 1) * stride]
+        for (rows, inverse), positions, span in zip(group_rows, self._positions, self._spans):
+            if span is not None:
+                g_lengths = lengths[span[0] * stride : span[1] * stride]
             else:
                 g_lengths = torch.cat([lengths[p * stride : (p + 1) * stride] for p in positions])
             weights = None
             if self._pooled:
                 if kjt_weights is not None:
                     weights = (
-                        kjt_weights[opk[first] : opk[last + 1]]
-                        if side_by_side
+                        kjt_weights[opk[span[0]] : opk[span[1]]]
+                        if span is not None
                         else torch.cat([kjt_weights[opk[p] : opk[p + 1]] for p in positions])
                     )
                 mean = self._mean_positions[positions]

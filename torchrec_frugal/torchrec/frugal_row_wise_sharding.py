@@ -135,9 +135,6 @@ class AnnouncedInputs:
         self._pending.popleft()
         return sent
 
-    def __len__(self) -> int:
-        return len(self._pending)
-
 
 class FrugalRwSparseFeaturesDist(RwSparseFeaturesDist):
     """TorchRec's row-wise input dist that hands on the ids an announcement already sent.

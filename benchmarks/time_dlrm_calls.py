@@ -10,7 +10,10 @@ across runs, e.g. L = 10 against L = 0:
 
 Rows: ``progress`` (the whole step), ``lookahead_rows`` / ``announce`` (a batch announced ahead:
 its unique rows, then the engines told), ``group_rows`` (a batch's unique rows, wherever computed),
-``lookup.forward``, ``backward``, ``optimizer.step`` and the engine's public calls.
+``lookup.plan`` (a batch planned ahead: on the planner thread unless ``--planner inline``),
+``lookup.forward``, ``backward``, ``optimizer.step`` and the engine's public calls. The timers
+count every thread's calls: ``lookup.plan`` and the ``group_rows`` inside it run beside the
+training thread with the default planner.
 """
 from __future__ import annotations
 
@@ -68,8 +71,10 @@ def main() -> None:
     timed(FrugalTrainPipeline, "progress", "progress")
     timed(FrugalShardedModuleMixin, "lookahead_rows", "lookahead_rows")
     timed(FrugalShardedModuleMixin, "announce", "announce")
+    timed(FrugalShardedModuleMixin, "announce_plans", "announce")
     timed(FrugalEmbeddingLookup, "group_rows", "group_rows")
     timed(FrugalEmbeddingLookup, "forward", "lookup.forward")
+    timed(FrugalEmbeddingLookup, "plan", "lookup.plan")
     for name in ("push_lookahead", "begin_step", "lookup", "apply_gradients"):
         timed(FrugalEngine, name, "engine." + name)
     timed(torch.Tensor, "backward", "backward")

@@ -23,6 +23,7 @@ THIRD_PARTY: Dict[str, str] = {
     "_exit": "os._exit: a child that must skip atexit handlers (crash and leftover-segment tests)",
     "_create_dataset_tsv": "torchrec.datasets.test_utils.CriteoTest: Criteo files exactly as TorchRec's readers expect",
     "_create_dataset_npys": "torchrec.datasets.test_utils.CriteoTest: as above, the preprocessed .npy layout",
+    "_python_dispatch": "torch.utils._python_dispatch.TorchDispatchMode: the aten ops a thread runs (torch has no public path to it)",
 }
 
 

@@ -99,15 +99,22 @@ class LookupPlan:
         return t[:h], t[h : 2 * h], t[2 * h : 2 * h + m], t[2 * h + m : 2 * h + m + u], t[2 * h + m + u :]
 
 
-def plan_lookup(slot_of: np.ndarray, num_static: int, rows: np.ndarray, sorted_reads: bool = False) -> LookupPlan:
+def plan_lookup(
+    slot_of: np.ndarray, num_static: int, rows: np.ndarray, sorted_reads: bool = False, static_only: bool = False
+) -> LookupPlan:
     """Split ``rows`` into store reads (slot >= 0) and host reads, keeping output positions.
+
+    With ``static_only`` only the static cache (slots below ``num_static``, fixed after set-up)
+    counts as held: such a plan stays valid however long before its step it is made, and may
+    be made on another thread while the owner moves rows in and out of dynamic slots (the gate
+    makes their host copies current before the step reads them).
 
     With ``sorted_reads`` the host reads are deduplicated and sorted by row (unless they already
     are), to be expanded to their positions on the device: scattered reads of small rows use a
     fraction of a PCIe link's bandwidth, reads in row order most of it.
     """
     slots = slot_of[rows]
-    hit = slots >= 0
+    hit = (slots >= 0) & (slots < num_static) if static_only else slots >= 0
     hit_pos = np.flatnonzero(hit)
     miss_pos = np.flatnonzero(~hit)
     hit_slots = slots[hit_pos]
@@ -172,6 +179,41 @@ class Streams:
             self.side_stream.wait_event(after)  # type: ignore[arg-type]
         with torch.cuda.stream(self.side_stream):
             yield
+
+
+class CopyStream:
+    """Host-to-device copies made ahead, off the training thread, on a stream of their own.
+
+    A planner thread moves a future step's index tensors (from page-locked memory) on this
+    stream and records an event; the training thread then orders its compute stream after that
+    event (:meth:`use`) without the host waiting. On a CPU device both are no-ops.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+
+    def to_device(self, parts: Sequence[Optional[torch.Tensor]]) -> Tuple[List[Optional[torch.Tensor]], Marker]:
+        """``parts`` (CPU; page-locked for an asynchronous copy) on the device, and the marker
+        reached once they are there."""
+        if self.stream is None:
+            return list(parts), REACHED
+        with torch.cuda.stream(self.stream):
+            moved = [None if p is None else p.to(self.device, non_blocking=True) for p in parts]
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        return moved, ev
+
+    def use(self, parts: Sequence[Optional[torch.Tensor]], ready: Marker) -> None:
+        """Order the caller's current stream after ``ready`` (no host wait) and keep the copies'
+        memory from being reused while that stream may still read them."""
+        if ready is REACHED:
+            return
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(ready)  # type: ignore[arg-type]
+        for p in parts:
+            if p is not None and p.is_cuda:
+                p.record_stream(current)
 
 
 # ---------------------------------------------------------------------------------------------- staging

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from . import shm
 from .config import FrugalConfig, OptimizerSpec, TableSpec
-from .device import REACHED, HostTables, Marker, Streams, plan_lookup, resolve_device
+from .device import REACHED, CopyStream, HostTables, Marker, Streams, plan_lookup, resolve_device
 from .errors import FrugalError, FrugalInputError, RankLostError
 from .flusher import Flusher
 from .gate import CLOSED, FAILED, STATUS, UPDATED, WAIT_GATE, lagging_owners, sync
@@ -52,6 +52,10 @@ from .owner_cache import OwnerStore, ownership_from_presample
 from .owner_update import OwnerUpdate
 from .priority_queue import PendingQueue, make_queue
 from .shared_tables import InitWeights, open_shared_tables
+from .step_plan import StepPlan
+
+Rows = Union[torch.Tensor, StepPlan]
+"""A step's rows as the caller has them: a tensor (checked on every call), or a plan made ahead."""
 
 
 class FrugalEngine:
@@ -100,6 +104,7 @@ class FrugalEngine:
             self.host_segment.base, self.device, cfg.host_path, self.host_segment,
         )  # fmt: skip
         self.streams = Streams(self.device)
+        self.copies = CopyStream(self.device)  # a planned step's indices, moved ahead of the step
         self._reads_done: Marker = REACHED  # reached once this step's host reads are done
 
         # Ownership and the owner store (static cache of hot rows), filled from host.
@@ -176,16 +181,37 @@ class FrugalEngine:
         if self._closed:
             raise FrugalError(f"rank {self.rank}: the engine is closed")
 
+    # ------------------------------------------------------------------ planning ahead
+    def plan_step(self, rows: torch.Tensor) -> StepPlan:
+        """Check a future step's unique ``rows`` and plan its lookup; any thread, any time before
+        the step (the plan reads only what is fixed after set-up). The plan owns ``rows``."""
+        rows = self.fused.check(rows, "planned batch")
+        plan = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy(), self.host.sorted_reads, static_only=True)
+        packed = plan.packed.pin_memory() if self.device.type == "cuda" else plan.packed
+        (moved,), ready = self.copies.to_device([packed])
+        assert moved is not None
+        return StepPlan(rows, plan, moved, ready, id(self))
+
+    def _rows(self, rows: Rows, what: str) -> Tuple[torch.Tensor, bool]:
+        """(the rows, whether they came planned): a plan's rows were checked when it was made."""
+        if isinstance(rows, StepPlan):
+            if rows.engine != id(self):
+                raise FrugalError(f"rank {self.rank}: {what}: a step plan made by another engine")
+            return rows.rows, True
+        return self.fused.check(rows, what), False
+
     # ------------------------------------------------------------------ the step
-    def push_lookahead(self, rows: torch.Tensor) -> None:
+    def push_lookahead(self, rows: Rows) -> None:
         """Announce the rows of this rank's next future step (steps are pushed in order).
 
-        The rows are checked here; publishing them to the owners happens in the background.
+        The rows are checked here (a plan's when it was made); publishing them to the owners
+        happens in the background.
         """
         self._raise_if_failed()
         t0 = time.perf_counter()
         t = self.lookahead_feed.room(self.step)
-        self.lookahead_feed.push(self.fused.check(rows, f"lookahead batch of step {t}").clone())
+        checked, planned = self._rows(rows, f"lookahead batch of step {t}")
+        self.lookahead_feed.push(checked if planned else checked.clone())
         self._recorder.add("announce", time.perf_counter() - t0)
 
     @property
@@ -193,15 +219,15 @@ class FrugalEngine:
         """Steps announced by push_lookahead and not begun yet."""
         return self.lookahead_feed.steps_ahead
 
-    def begin_step(self, rows: torch.Tensor) -> int:
+    def begin_step(self, rows: Rows) -> int:
         """Start the next step with this rank's rows; returns the step number once the gate opens."""
         self._raise_if_failed()
         if self._in_step:
             raise FrugalError(f"rank {self.rank}: begin_step of step {self.step + 1} before apply_gradients of step {self.step}")
         s = self.step
         t0 = time.perf_counter()
-        rows = self.fused.check(rows, f"batch of step {s}")
-        self.lookahead_feed.begin(s, rows)
+        checked, planned = self._rows(rows, f"batch of step {s}")
+        self.lookahead_feed.begin(s, checked, owned=planned)
         rec = self._recorder
         rec.step_t0 = time.perf_counter()
         rec.add("announce", rec.step_t0 - t0)
@@ -216,20 +242,28 @@ class FrugalEngine:
 
         return self.control.wait(WAIT_GATE, lambda: lagging_owners(self.control, s), f"the gate of step {s}", idle)
 
-    def lookup(self, rows: torch.Tensor) -> torch.Tensor:
+    def lookup(self, rows: Rows) -> torch.Tensor:
         """Current values of ``rows`` [n] -> [n, dim]: own store where held, host otherwise.
 
         One pass over the rows: the rows this rank holds are gathered from its device store and
         all others from host memory (on CUDA through the mapped host tables), both straight
-        into the output.
+        into the output. A plan made ahead (:meth:`plan_step`) saves the split and the copy of
+        its indices: the training thread then only launches the gathers.
         """
         self._raise_if_failed()
         t0 = time.perf_counter()
-        rows = rows.reshape(-1).to("cpu")  # row ids are host-side bookkeeping (begin_step takes them so too)
-        plan = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy(), self.host.sorted_reads)
-        self._recorder.lookups += int(rows.shape[0])
+        if isinstance(rows, StepPlan):
+            self._rows(rows, "lookup")
+            plan, n = rows.lookup, rows.num_rows
+            self.copies.use([rows.packed], rows.ready)
+            moved = rows.packed
+        else:
+            rows = rows.reshape(-1).to("cpu")  # row ids are host-side bookkeeping (begin_step takes them so too)
+            plan, n = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy(), self.host.sorted_reads), int(rows.shape[0])
+            moved = plan.packed.to(self.device, non_blocking=True)
+        self._recorder.lookups += n
         self._recorder.cache_hits += plan.n_static_hits
-        hit_pos, hit_slots, miss_pos, host_rows, expand = plan.parts(plan.packed.to(self.device, non_blocking=True))
+        hit_pos, hit_slots, miss_pos, host_rows, expand = plan.parts(moved)
         if plan.n_miss == 0:
             out = self.store.weights.index_select(0, hit_slots)
         else:
@@ -239,20 +273,20 @@ class FrugalEngine:
             if plan.n_hit == 0:
                 out = from_host
             else:
-                out = torch.empty(rows.shape[0], self.dim, dtype=torch.float32, device=self.device)
+                out = torch.empty(n, self.dim, dtype=torch.float32, device=self.device)
                 out.index_copy_(0, hit_pos, self.store.weights.index_select(0, hit_slots))
                 out.index_copy_(0, miss_pos, from_host)
         self._reads_done = self.streams.mark()
         self._recorder.add("lookup", time.perf_counter() - t0)
         return out
 
-    def apply_gradients(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> None:
+    def apply_gradients(self, unique_rows: Rows, grads: torch.Tensor) -> None:
         """This rank's summed gradient per unique row of the step; collective; ends the step."""
         self._raise_if_failed()
         s = self.step
         if not self._in_step:
             raise FrugalError(f"rank {self.rank}: apply_gradients without begin_step (step {s})")
-        rows = self.fused.check(unique_rows, f"gradients of step {s}")
+        rows, _ = self._rows(unique_rows, f"gradients of step {s}")
         if grads.shape != (rows.shape[0], self.dim):
             raise FrugalInputError(
                 f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"

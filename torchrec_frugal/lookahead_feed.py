@@ -85,13 +85,17 @@ class LookaheadFeed:
         self._pushed.append((t, rows))
         self._announce(t, rows)
 
-    def begin(self, step: int, rows: torch.Tensor) -> None:
-        """Step ``step`` starts with ``rows``: they must be the ones pushed for it, if any were."""
+    def begin(self, step: int, rows: torch.Tensor, owned: bool = False) -> None:
+        """Step ``step`` starts with ``rows``: they must be the ones pushed for it, if any were.
+
+        ``owned``: nobody changes ``rows`` later (a plan's), so they need no copy; the very
+        tensor pushed for the step needs no comparison either.
+        """
         if self._pushed:
             t, expected = self._pushed[0]
             if t != step:
                 raise FrugalError(f"rank {self.control.rank}: lookahead holds step {t} while step {step} starts")
-            if not torch.equal(expected, rows):
+            if expected is not rows and not torch.equal(expected, rows):
                 raise FrugalInputError(
                     f"step {step}: the batch trained differs from the lookahead batch pushed for it "
                     f"({rows.numel()} rows trained, {expected.numel()} pushed)"
@@ -99,7 +103,7 @@ class LookaheadFeed:
             self._pushed.popleft()
         else:
             self._next = step + 1
-            self._announce(step, rows.clone())
+            self._announce(step, rows if owned else rows.clone())
 
     def _announce(self, t: int, rows: torch.Tensor) -> None:
         """Publish step t's rows to their owners: through the worker, or here and now."""

@@ -21,10 +21,11 @@ from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.optim.fused import EmptyFusedOptimizer, FusedOptimizerModule
 
 from ..config import FrugalConfig, OptimizerSpec, TableSpec
-from ..engine import FrugalEngine
+from ..engine import FrugalEngine, Rows
 from ..errors import FrugalError, FrugalInputError
 from .optim import FrugalFusedOptimizer
 from .checkpoint import row_layout
+from ..step_plan import StepPlan
 from .types import OPTIMIZER_KINDS, FrugalTable
 
 # FBGEMM TBE defaults (split_table_batched_embeddings_ops_training), used when fused_params omit them.
@@ -51,12 +52,24 @@ def optimizer_spec(fused_params: Dict[str, Any], table: str) -> OptimizerSpec:
 
 @dataclass
 class GroupBatch:
-    """One engine's share of a batch: its unique fused rows and how the values map onto them."""
+    """One engine's share of a batch: its unique fused rows and how the values map onto them.
+
+    A batch planned ahead also carries its engine's step plan, its bag offsets and its values
+    per feature, so that its forward reads nothing from the batch itself.
+    """
 
     rows: torch.Tensor  # unique fused rows, sorted, CPU int64: what the engine steps on
     inverse: torch.Tensor  # per value (group order), index into rows, on the compute device
     lengths: torch.Tensor  # per bag, the group's features concatenated
     weights: Optional[torch.Tensor]  # per value pooling weight (KJT weights and MEAN scaling)
+    plan: Optional[StepPlan] = None  # the engine's plan of the step (a batch planned ahead)
+    offsets: Optional[torch.Tensor] = None  # bag offsets on the device (pooled, planned ahead)
+    splits: Optional[List[int]] = None  # values per feature of the group (planned ahead)
+
+    @property
+    def engine_rows(self) -> Rows:
+        """What the engine's calls take: the step plan where there is one, else the rows."""
+        return self.plan if self.plan is not None else self.rows
 
 
 class FrugalTableGroup(nn.Module, FusedOptimizerModule):
@@ -113,10 +126,10 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
     def fused_rows_of_tables(self, tables: torch.Tensor, ids: torch.Tensor) -> Optional[torch.Tensor]:
         return self.engine.rows_of_tables(tables, ids)
 
-    def announce(self, rows: torch.Tensor) -> None:
-        """Push the rows of a future step to the engine's lookahead window."""
+    def announce(self, rows: Rows) -> None:
+        """Push the rows (or the step plan) of a future step to the engine's lookahead window."""
         self.engine.push_lookahead(rows)
-        self._announced.append(rows)
+        self._announced.append(rows.rows if isinstance(rows, StepPlan) else rows)
 
     def lookahead_capacity(self) -> int:
         """Future steps the engine's window takes now: steps s..s+L, less those begun or announced."""
@@ -127,7 +140,7 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         if not self._announced:
             return
         expected = self._announced[0]
-        if torch.equal(expected, rows):
+        if expected is rows or torch.equal(expected, rows):  # the very rows announced: a plan's
             return
         both = torch.cat([expected, rows])
         u, counts = torch.unique(both, return_counts=True)
@@ -142,7 +155,7 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
             f"for it in {names}; nothing was changed"
         )
 
-    def begin(self, rows: torch.Tensor) -> None:
+    def begin(self, rows: Rows) -> None:
         self.engine.begin_step(rows)
         if self._announced:
             self._announced.popleft()
@@ -246,7 +259,7 @@ class FrugalStep:
                 # TorchRec's sharded backward divides embedding gradients by the world size
                 # (comm_ops.GRADIENT_DIVISION), matching DDP's averaging of dense gradients.
                 grad = grad / g.engine.world_size
-            g.engine.apply_gradients(b.rows, grad)
+            g.engine.apply_gradients(b.engine_rows, grad)
 
     def close_without_update(self) -> None:
         self._check_open()
@@ -261,7 +274,7 @@ class FrugalRowsFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, step: FrugalStep) -> Tuple[torch.Tensor, ...]:  # type: ignore[override]
         ctx.step = step
-        return tuple(g.engine.lookup(b.rows) for g, b in zip(step.groups, step.batches))
+        return tuple(g.engine.lookup(b.engine_rows) for g, b in zip(step.groups, step.batches))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[None, None]:  # type: ignore[override]

@@ -4,6 +4,11 @@ The counterpart of TorchRec's ``embedding_lookup.py``: it groups the sharding's 
 (:class:`~.embedding_kernel.FrugalTableGroup`), maps the KJT onto each group's unique rows, and
 returns pooled ([B, sum dims]) or sequence ([values, dim]) embeddings. Announced batches (the
 lookahead) keep their rows for their own forward.
+
+A batch can also be planned ahead (:meth:`FrugalEmbeddingLookup.plan`, on a planner thread): its
+unique rows, the engines' step plans, the inverse, bag offsets and pooling weights, moved to the
+device before the step. The train pipeline then hands the plan to the batch's forward
+(:meth:`FrugalEmbeddingLookup.use_plan`), which trusts it without reading the batch's tensors.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
-from ..errors import FrugalInputError
+from ..device import CopyStream, Marker
+from ..errors import FrugalError, FrugalInputError
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
 from .types import FrugalTable
 
@@ -32,6 +38,17 @@ class _AnnouncedBatch:
     values: torch.Tensor
     lengths: torch.Tensor
     group_rows: List[Tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class BatchPlan:
+    """One lookup's share of a batch, planned before its step: per group, the engine's step plan
+    and the pooling indices, on the device once ``ready`` is reached (indices, never values)."""
+
+    batches: List[GroupBatch]
+    ready: Marker
+    num_values: int  # ids of the batch in this lookup's features: a forward's cheap consistency check
+    stride: int
 
 
 class AnnounceDist(Protocol):
@@ -96,6 +113,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         # (rows, inverse) computed when it was announced, reused by its forward if the ids match.
         self._announced_batches: Deque[Optional[_AnnouncedBatch]] = deque()
         self._last_lookahead: Optional[_AnnouncedBatch] = None
+        self._copies = CopyStream(device)  # plans' index tensors, moved ahead of their step
+        self._next_plan: Optional[BatchPlan] = None  # the plan of the next forward's batch (use_plan)
 
     @property
     def feature_names(self) -> List[str]:
@@ -149,7 +168,11 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             return ahead.group_rows
         return self.group_rows(features)
 
-    def _group_batches(self, features: KeyedJaggedTensor, group_rows: List[Tuple[torch.Tensor, torch.Tensor]]) -> List[GroupBatch]:
+    def _group_batches(
+        self, features: KeyedJaggedTensor, group_rows: List[Tuple[torch.Tensor, torch.Tensor]], device: Optional[torch.device] = None
+    ) -> List[GroupBatch]:
+        """Each group's share of ``features`` (inverse on ``device``, default the lookup's)."""
+        device = self._device if device is None else device
         lengths = features.lengths()
         stride = features.stride()
         opk = features.offset_per_key()
@@ -174,7 +197,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                     scale = torch.where(bag_mean, 1.0 / g_lengths.clamp(min=1).to(torch.float32), 1.0)
                     per_value = scale.repeat_interleave(g_lengths)
                     weights = per_value if weights is None else weights * per_value
-            batches.append(GroupBatch(rows, inverse.to(self._device), g_lengths, weights))
+            batches.append(GroupBatch(rows, inverse.to(device), g_lengths, weights))
         return batches
 
     def lookahead_rows(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
@@ -201,6 +224,64 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         if self._announce_dist is not None:
             self._announce_dist.commit(same)
 
+    # ------------------------------------------------------------------ planning ahead
+    @property
+    def plans_anywhere(self) -> bool:
+        """Whether :meth:`plan` may run on any thread: not with an announce dist (a collective,
+        which must run in the same order as the step's own collectives)."""
+        return self._announce_dist is None
+
+    def plan(self, features: KeyedJaggedTensor) -> BatchPlan:
+        """Plan a future batch's forward from its CPU ``features`` (a copy nobody changes): rows
+        checked and deduplicated, the engines' step plans, and the inverse, bag offsets and
+        pooling weights moved to the device. Any thread (:attr:`plans_anywhere`); raises,
+        changing nothing, on a bad id."""
+        if not self.plans_anywhere:
+            raise FrugalError("a lookup with an announce dist plans its batches through lookahead_rows")
+        cpu = torch.device("cpu")
+        batches = self._group_batches(features, self.group_rows(features), cpu)
+        pin = self._device.type == "cuda"
+        opk = features.offset_per_key()
+        moves: List[Optional[torch.Tensor]] = []
+        for b, positions in zip(batches, self._positions):
+            b.splits = [opk[p + 1] - opk[p] for p in positions]
+            offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64)
+            torch.cumsum(b.lengths, 0, out=offsets[1:])
+            b.offsets = offsets
+            parts = [b.inverse, b.lengths, b.offsets, None if b.weights is None else b.weights.to(torch.float32)]
+            moves.extend(p.pin_memory() if pin and p is not None else p for p in parts)
+        for g, b in zip(self.groups, batches):
+            b.plan = g.engine.plan_step(b.rows)
+            b.rows = b.plan.rows  # the very tensor announced: its step needs no comparison
+        moved, ready = self._copies.to_device(moves)
+        for i, b in enumerate(batches):
+            inverse, lengths, offsets, weights = moved[4 * i : 4 * i + 4]
+            assert inverse is not None and lengths is not None
+            b.inverse, b.lengths, b.offsets, b.weights = inverse, lengths, offsets, weights
+        return BatchPlan(batches, ready, int(features.values().numel()), features.stride())
+
+    def announce_plan(self, plan: BatchPlan) -> None:
+        """Push a planned batch's rows to the engines' lookahead windows (its step plans: checked
+        and owned, neither checked nor copied again)."""
+        for g, b in zip(self.groups, plan.batches):
+            g.announce(b.plan)
+        self._announced_batches.append(None)  # its forward gets the plan itself, from use_plan
+
+    def use_plan(self, plan: Optional[BatchPlan]) -> None:
+        """The next forward is of the batch ``plan`` was made of (the pipeline knows); None: forget it."""
+        self._next_plan = plan
+
+    def _planned_batches(self, features: KeyedJaggedTensor, plan: BatchPlan) -> List[GroupBatch]:
+        """``plan``'s batches, for ``features`` that the pipeline says are that batch."""
+        self._check_layout(features)
+        if features.values().numel() != plan.num_values or features.stride() != plan.stride:
+            raise FrugalError(
+                f"the batch trained ({features.values().numel()} ids, batch size {features.stride()}) is not the "
+                f"one planned for this step ({plan.num_values} ids, batch size {plan.stride})"
+            )
+        self._copies.use([t for b in plan.batches for t in (b.inverse, b.lengths, b.offsets, b.weights)], plan.ready)
+        return plan.batches
+
     def lookahead_capacity(self) -> int:
         """How many more future steps the engines accept now."""
         return min(g.lookahead_capacity() for g in self.groups)
@@ -210,20 +291,24 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        batches = self._group_batches(sparse_features, self._rows_for_forward(sparse_features))
+        plan, self._next_plan = self._next_plan, None
+        if plan is not None:
+            batches = self._planned_batches(sparse_features, plan)
+        else:
+            batches = self._group_batches(sparse_features, self._rows_for_forward(sparse_features))
         groups = list(self.groups)
         for g in groups:
             g.close_open_step()
         for g, b, feats in zip(groups, batches, self._features_of_table):
             g.check_announced(b.rows, feats)
         for g, b in zip(groups, batches):
-            g.begin(b.rows)
+            g.begin(b.engine_rows)
         if self._announced_batches:  # the step took its announced batch off every group
             self._announced_batches.popleft()
         if torch.is_grad_enabled():
             weights = FrugalRowsFunction.apply(self._anchor, FrugalStep(groups, batches))
         else:
-            weights = [g.engine.lookup(b.rows) for g, b in zip(groups, batches)]
+            weights = [g.engine.lookup(b.engine_rows) for g, b in zip(groups, batches)]
             for g in groups:
                 g.end_without_update()
         if self._pooled:
@@ -234,8 +319,10 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         stride = features.stride()
         out: List[Optional[torch.Tensor]] = [None] * len(self._feature_names)
         for positions, b, w in zip(self._positions, batches, weights):
-            offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64, device=self._device)
-            torch.cumsum(b.lengths.to(self._device), 0, out=offsets[1:])
+            offsets = b.offsets
+            if offsets is None:
+                offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64, device=self._device)
+                torch.cumsum(b.lengths.to(self._device), 0, out=offsets[1:])
             pooled = F.embedding_bag(
                 b.inverse,
                 w,
@@ -253,10 +340,11 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
     def _sequence(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
         if len(batches) == 1:
             return weights[0][batches[0].inverse]
-        lpk = features.length_per_key()
+        lpk = features.length_per_key() if any(b.splits is None for b in batches) else []
         out: List[Optional[torch.Tensor]] = [None] * len(self._feature_names)
         for positions, b, w in zip(self._positions, batches, weights):
-            for p, chunk in zip(positions, w[b.inverse].split([lpk[p] for p in positions])):
+            splits = b.splits if b.splits is not None else [lpk[p] for p in positions]
+            for p, chunk in zip(positions, w[b.inverse].split(splits)):
                 out[p] = chunk
         return torch.cat(out)  # type: ignore[arg-type]
 

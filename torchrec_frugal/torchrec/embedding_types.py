@@ -23,7 +23,7 @@ from ..config import FrugalConfig
 from ..engine import FrugalEngine
 from ..errors import FrugalInputError
 from .checkpoint import held_rows, rows_sharded_tensor
-from .embedding_lookup import FrugalEmbeddingLookup
+from .embedding_lookup import BatchPlan, FrugalEmbeddingLookup
 from .frugal_sharding import FrugalEmbeddingSharding
 from .node_groups import local_world_size
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
@@ -205,6 +205,33 @@ class FrugalShardedModuleMixin:
         """Push rows from ``lookahead_rows`` to the engines' lookahead windows."""
         for lookup, r in zip(self.frugal_lookups(), rows):
             lookup.announce(r)
+
+    # ------------------------------------------------------------------ batches planned ahead
+    def plans_anywhere(self) -> bool:
+        """Whether :meth:`plan_batch` may run on a planner thread (no lookup announces through a collective)."""
+        return all(lookup.plans_anywhere for lookup in self.frugal_lookups())
+
+    def plan_batch(self, features: KeyedJaggedTensor) -> List[BatchPlan]:
+        """Per frugal lookup, the plan of a future batch's forward (see ``FrugalEmbeddingLookup.plan``);
+        ``features`` must not change afterwards (a snapshot). Raises, changing nothing, on bad input."""
+        check_features(features, self._frugal_features, type(self).__name__)
+        keys = features.keys()
+        return [
+            lookup.plan(
+                features if keys == lookup.feature_names else features.permute([keys.index(f) for f in lookup.feature_names])
+            )
+            for lookup in self.frugal_lookups()
+        ]
+
+    def announce_plans(self, plans: List[BatchPlan]) -> None:
+        """Push a planned batch (from ``plan_batch``) to the engines' lookahead windows."""
+        for lookup, plan in zip(self.frugal_lookups(), plans):
+            lookup.announce_plan(plan)
+
+    def use_plans(self, plans: Optional[List[BatchPlan]]) -> None:
+        """The module's next forward is of the batch ``plans`` were made of; None: no plan."""
+        for i, lookup in enumerate(self.frugal_lookups()):
+            lookup.use_plan(None if plans is None else plans[i])
 
     def lookahead_capacity(self) -> int:
         """How many future batches the engines take now (the module must have frugal tables)."""

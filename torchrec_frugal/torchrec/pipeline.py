@@ -4,18 +4,33 @@ Frugal orders its background host writes by the step that next reads each row, s
 the ids of the next L batches. This pipeline reads the data loader L batches ahead and announces
 each batch's ids, in training order, to the engines of every frugal module it pipelines. Without
 it (a plain training loop) the engines stay exact: every write is flushed before it is read.
+
+Each batch is also planned as soon as it is read (:mod:`.batch_planner`: on a planner thread by
+default), and the pipeline hands the plan to that batch's forward, which then launches its
+gathers and pooling without reading the batch's ids on the host.
 """
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Deque, Iterator, List, Optional
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 import torch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from .batch_planner import BatchPlanner, ModulePlans, snapshot
 from .embedding_types import FrugalShardedModuleMixin
+
+
+@dataclass
+class _ReadBatch:
+    """A batch read from the data loader, and its plan once the frugal modules are known."""
+
+    batch: Any
+    plans: "Optional[Future[ModulePlans]]" = None
 
 
 class _LookaheadReader(Iterator[In]):
@@ -43,6 +58,10 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         device: as for TrainPipelineSparseDist.
         lookahead: batches read ahead, at most the engines' ``FrugalConfig.lookahead``
             (default: that value). 0 reads no further ahead than TorchRec does.
+        planner: where each batch read is planned: ``"thread"`` (a planner thread), ``"inline"``
+            (the training thread, when the batch is read) or ``"none"`` (no plan: each forward
+            checks its batch and computes its rows). The trained model is the same, bit for bit.
+            Frugal_row_wise tables (whose announcement is a collective) are planned as ``"none"``.
         **kwargs: passed to TrainPipelineSparseDist.
     """
 
@@ -52,16 +71,25 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         lookahead: Optional[int] = None,
+        planner: str = "thread",
         **kwargs: Any,
     ) -> None:
         super().__init__(model, optimizer, device, **kwargs)
+        self._planner = BatchPlanner(planner)
+        self._planning = False  # whether batches are planned: known with the frugal modules
+        self._pin = torch.device(device).type == "cuda"
+        # Batches handed to TorchRec whose forward has not run, oldest first: the last
+        # len(self.batches) of them are TorchRec's batches, in order.
+        self._handed: Deque[_ReadBatch] = deque()
+        model_forward = self._model_fwd
+        self._model_fwd = lambda batch: self._planned_forward(model_forward, batch)
         if lookahead is not None and lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         self._requested_lookahead = lookahead
         self._window: Optional[int] = None  # resolved once the frugal modules are known
         self._reader: Optional[_LookaheadReader[In]] = None
-        self._ahead: Deque[In] = deque()  # read from the source, not yet handed to the pipeline
-        self._unannounced: Deque[In] = deque()  # read, ids not yet announced (a suffix of all read)
+        self._ahead: Deque[_ReadBatch] = deque()  # read from the source, not yet handed to the pipeline
+        self._unannounced: Deque[_ReadBatch] = deque()  # read, ids not yet announced (a suffix of all read)
         self._source_exhausted = False
         self._frugal: Optional[List[FrugalShardedModuleMixin]] = None
 
@@ -98,6 +126,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                     )
                 window = self._requested_lookahead
             self._window = window
+            self._planning = self._planner.enabled and bool(self._frugal) and all(m.plans_anywhere() for m in self._frugal)
         return self._frugal
 
     def _next_read_batch(self) -> In:
@@ -110,13 +139,57 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
             if batch is None:
                 self._source_exhausted = True
                 break
-            self._ahead.append(batch)
+            entry = _ReadBatch(batch)
+            self._start_plan(entry)
+            self._ahead.append(entry)
             if self._window is None or self._window > 0:  # None: model not traced yet
-                self._unannounced.append(batch)
+                self._unannounced.append(entry)
         self._announce()
         if not self._ahead:
             raise StopIteration
-        return self._ahead.popleft()
+        entry = self._ahead.popleft()
+        self._handed.append(entry)
+        return entry.batch
+
+    # ------------------------------------------------------------------ plans
+    def _start_plan(self, entry: _ReadBatch) -> None:
+        """Submit ``entry``'s plan, once the frugal modules are known (batches read before the
+        model was traced are planned when first needed)."""
+        modules = self._frugal_modules()
+        if entry.plans is not None or not self._planning or not modules:
+            return
+        features = [snapshot(self._module_features(m, entry.batch), self._pin) for m in modules]
+        entry.plans = self._planner.submit(modules, features)
+
+    def _plans(self, entry: _ReadBatch) -> ModulePlans:
+        """``entry``'s plans (waiting for the planner if it is behind); raises its planning error."""
+        self._start_plan(entry)
+        assert entry.plans is not None
+        return entry.plans.result()
+
+    def _planned_forward(self, model_forward: Callable[[Any], Tuple[torch.Tensor, Out]], batch: Any) -> Tuple[torch.Tensor, Out]:
+        """TorchRec's forward of batches[0], with that batch's plans handed to the frugal modules."""
+        entry = self._take_handed()
+        modules = self._frugal_modules()
+        if entry is None or not self._planning or not modules:
+            return model_forward(batch)
+        for m, p in zip(modules, self._plans(entry)):
+            m.use_plans(p)
+        try:
+            return model_forward(batch)
+        finally:  # a module the forward did not call must not take this plan for another batch
+            for m in modules:
+                m.use_plans(None)
+
+    def _take_handed(self) -> Optional[_ReadBatch]:
+        """The read batch TorchRec forwards now (its batches[0]), dropping older ones TorchRec dropped."""
+        n = len(self.batches)
+        if n == 0 or len(self._handed) < n:
+            self._handed.clear()
+            return None
+        while len(self._handed) > n:
+            self._handed.popleft()
+        return self._handed.popleft()
 
     def _announce(self) -> None:
         """Announce read batches, in order, as far as the engines' windows take them."""
@@ -128,9 +201,14 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
             return
         while self._unannounced and min(m.lookahead_capacity() for m in modules) > 0:
             # Every module's rows first: a bad batch raises before any engine is told about it.
-            rows = [m.lookahead_rows(self._module_features(m, self._unannounced[0])) for m in modules]
-            for m, r in zip(modules, rows):
-                m.announce(r)
+            entry = self._unannounced[0]
+            if self._planning:
+                for m, plans in zip(modules, self._plans(entry)):
+                    m.announce_plans(plans)
+            else:
+                rows = [m.lookahead_rows(self._module_features(m, entry.batch)) for m in modules]
+                for m, r in zip(modules, rows):
+                    m.announce(r)
             self._unannounced.popleft()
 
     @staticmethod

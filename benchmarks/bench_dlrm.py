@@ -88,7 +88,7 @@ def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: fl
     vid = "_".join(["frugal"] + parts) + suffix
     label = (f"frugal (cache {cache:g}, L={lookahead}" + (", heap queue" if queue == "heap" else "")
              + (f", {flushers} flusher threads" if flushers != DEFAULT_FLUSHERS else "")
-             + (f", planner {planner}" if planner != "thread" else "") + ")")  # fmt: skip
+             + (f", planner {planner}, exchange inline" if planner != "thread" else "") + ")")  # fmt: skip
     if lookahead == 0:
         label += " write-through"
     args = ["--sharder", "frugal", "--cache-ratio", f"{cache:g}", "--lookahead", str(lookahead)]
@@ -96,8 +96,8 @@ def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: fl
         args += ["--queue", queue]
     if flushers != DEFAULT_FLUSHERS:
         args += ["--flush-workers", str(flushers)]
-    if planner != "thread":
-        args += ["--planner", planner]
+    if planner != "thread":  # the step as it was before the planner and the exchange worker
+        args += ["--planner", planner, "--exchange", "inline"]
     return variant(vid, label, "frugal", batch, world, args, lookahead=lookahead, cache_ratio=cache, queue=queue,
                    flush_workers=flushers, planner=planner)  # fmt: skip
 

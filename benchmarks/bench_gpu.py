@@ -205,11 +205,16 @@ def _gate_rank(rank: int, world: int, mode: Dict[str, Any], steps: int, batch: i
         loss.backward()
         opt.step()
         eng.apply_gradients(u, vals.grad)
-        m = eng.last_metrics
-        if s >= warmup:
-            per_step.append((m.gate_wait_s, m.exchange_wait_s, m.step_time_s, m.rows_flushed, m.cache_hit_ratio))
-            for k in PHASES:
-                phases[k] += m.phase_s[k]
+        for m in eng.take_metrics():  # the steps whose update finished (the exchange worker may lag one)
+            if m.step >= warmup:
+                per_step.append((m.gate_wait_s, m.exchange_wait_s, m.step_time_s, m.rows_flushed, m.cache_hit_ratio))
+                for k in PHASES:
+                    phases[k] += m.phase_s[k]
+    eng.drain()
+    for m in eng.take_metrics():
+        per_step.append((m.gate_wait_s, m.exchange_wait_s, m.step_time_s, m.rows_flushed, m.cache_hit_ratio))
+        for k in PHASES:
+            phases[k] += m.phase_s[k]
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - wall0) / steps * 1e3
     eng.flush()

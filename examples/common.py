@@ -118,6 +118,8 @@ def add_frugal_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
     p.add_argument("--planner", choices=("thread", "inline", "none"), default="thread",
                    help="frugal: where FrugalTrainPipeline plans each batch read (none: each forward computes its rows)")  # fmt: skip
+    p.add_argument("--exchange", choices=("worker", "inline"), default="worker",
+                   help="frugal: where a step's update runs once backward hands its gradients over (inline: inside backward)")  # fmt: skip
     p.add_argument("--hardware", default=None,
                    help="frugal: plan with the cost model on this hardware profile (a name such as cpu or rtx3090, or a "
                         "JSON file): per table frugal or a stock sharding, and the cache ratio and lookahead, by least "
@@ -132,6 +134,7 @@ def frugal_config(args: argparse.Namespace) -> FrugalConfig:
         queue=args.queue,
         flush_workers=args.flush_workers,
         max_deferred_rows=args.max_deferred_rows,
+        exchange_worker=args.exchange == "worker",
     )
 
 
@@ -280,7 +283,6 @@ class FrugalStats:
 
     def __init__(self, model: nn.Module) -> None:
         self.engines: List[Any] = []
-        self._seen: Dict[int, int] = {}
         self.reset()
         if not any(type(m).__module__.startswith("torchrec_frugal") for m in model.modules()):
             return
@@ -302,22 +304,22 @@ class FrugalStats:
         self.phase_s: Dict[str, float] = {}
 
     def record(self) -> None:
-        """Add the metrics of each engine's latest step (once per step)."""
+        """Add the metrics of the steps each engine finished since the last call."""
         for i, e in enumerate(self.engines):
-            m = e.last_metrics
-            if m is None or self._seen.get(i) == m.step:
-                continue
-            self._seen[i] = m.step
-            self.gate_wait_s += m.gate_wait_s
-            self.exchange_wait_s += m.exchange_wait_s
-            self.lookups += m.lookups
-            self.cache_hits += m.cache_hits
-            self.rows_flushed += m.rows_flushed
-            self.bytes_flushed += m.bytes_flushed
-            self.pending_rows = m.pending_rows
-            self.steps += 1 if i == 0 else 0
-            for k, v in m.phase_s.items():
-                self.phase_s[k] = self.phase_s.get(k, 0.0) + v
+            for m in e.take_metrics():
+                self._add(i, m)
+
+    def _add(self, i: int, m: Any) -> None:
+        self.gate_wait_s += m.gate_wait_s
+        self.exchange_wait_s += m.exchange_wait_s
+        self.lookups += m.lookups
+        self.cache_hits += m.cache_hits
+        self.rows_flushed += m.rows_flushed
+        self.bytes_flushed += m.bytes_flushed
+        self.pending_rows = m.pending_rows
+        self.steps += 1 if i == 0 else 0
+        for k, v in m.phase_s.items():
+            self.phase_s[k] = self.phase_s.get(k, 0.0) + v
 
     @property
     def cache_hit_ratio(self) -> float:

@@ -116,8 +116,9 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
         if eng.window is not None and step % 25 == 0:
             with eng.flusher.lock:
                 window_uncached = max(window_uncached, int(((eng.window.next_read < INF) & uncached).sum()))
-        gate_wait += eng.last_metrics.gate_wait_s
-        step_time += eng.last_metrics.step_time_s
+        for m in eng.take_metrics():  # the exchange worker may finish a step after apply_gradients returns
+            gate_wait += m.gate_wait_s
+            step_time += m.step_time_s
         ur, ug = _coalesce(torch.cat(all_rows), torch.cat(all_grads))
         w, st = ref_w[ur], ref_s[ur]
         apply_update(spec, w, st, ug, step)

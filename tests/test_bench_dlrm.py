@@ -161,5 +161,7 @@ def test_time_dlrm_calls_reports_the_calls_of_a_step(tmp_path):
             for m in re.finditer(r"^  (\S+)\s+([\d.]+)  \(([\d.]+)\)$", out.stdout, re.M)}  # fmt: skip
     assert "rank 0, 12 steps" in out.stdout
     assert rows["progress"][1] == 1.0 and rows["engine.apply_gradients"][1] == 1.0
-    assert rows["lookahead_rows"][1] == 1.0  # every batch announced ahead (L = 4)
+    assert rows["lookup.plan"][1] == 1.0  # every batch planned ahead (on the planner thread) ...
+    assert rows["announce"][1] == 1.0  # ... and announced ahead (L = 4)
+    assert "lookahead_rows" not in rows  # the planner's rows are what the engines are told
     assert rows["progress"][0] > rows["backward"][0] > rows["engine.apply_gradients"][0] > 0.0

@@ -123,9 +123,10 @@ def test_optimizer_spec_rejects_numeric(field, value):
 @pytest.mark.parametrize(
     "kw,threads",
     [
-        (dict(), 0),  # CPU device: the training threads keep the cores busy, no helper threads
-        (dict(flush_workers=1), 1),
-        (dict(flush_workers=2, lookahead_worker=True), 3),
+        (dict(), 1),  # CPU device: the exchange worker only (no flusher or lookahead thread)
+        (dict(exchange_worker=False), 0),
+        (dict(flush_workers=1), 2),
+        (dict(flush_workers=2, lookahead_worker=True), 4),
     ],
 )
 def test_the_engine_starts_its_helper_threads_by_device_unless_told(kw, threads, tmp_path):

@@ -231,3 +231,48 @@ def test_registration_under_a_small_locked_memory_limit_names_it() -> None:
     print(f"registration under ulimit -l 64 KiB: {out}")
     if not out["registered"]:
         assert "ulimit -l) is 65536 bytes" in out["error"] or out["privileged"], out
+
+
+def test_copies_made_ahead_reach_the_compute_stream_and_gradients_reach_host() -> None:
+    """CopyStream: indices moved on a stream of their own, used by the compute stream after its
+    event without a host wait; GradientStaging: two page-locked buffers used in turn."""
+    from torchrec_frugal.device import CopyStream, GradientStaging
+
+    dev = torch.device("cuda", 0)
+    copies = CopyStream(dev)
+    src = [torch.arange(10_000).pin_memory(), None, torch.randn(500).pin_memory()]
+    moved, ready = copies.to_device(src)
+    copies.use(moved, ready)  # the current stream now waits for the copies
+    assert moved[1] is None and moved[0].device == dev
+    assert torch.equal(moved[0].cpu(), src[0]) and torch.equal(moved[2].cpu(), src[2])
+    staging = GradientStaging(8, dev)
+    grads = [torch.randn(n, 8, device=dev) for n in (100, 3000, 50)]
+    outs = []
+    for g in grads:
+        host, copied = staging.to_host(g)
+        copied.synchronize()
+        assert host.is_pinned() and torch.equal(host, g.cpu())
+        outs.append(host.data_ptr())
+    assert outs[0] != outs[1]  # steps alternate buffers
+
+
+def test_a_planned_step_reads_what_rows_read(tmp_path: Any) -> None:
+    """FrugalEngine.plan_step on CUDA: the plan's lookup (static cache, host reads) gives the
+    values a lookup of the same rows gives, and its gradients train the same tables."""
+    dev = torch.device("cuda", 0)
+    counts = [torch.arange(2000, 0, -1, dtype=torch.float32)]
+    out = []
+    for planned in (False, True):
+        cfg = FrugalConfig(lookahead=2, cache_ratio=0.1, shm_dir=str(tmp_path))
+        with FrugalEngine([TableSpec("t", 2000, 8)], OptimizerSpec("rowwise_adagrad", lr=0.1), cfg, device=dev,
+                          presample_counts=counts, seed=3) as eng:  # fmt: skip
+            gen = torch.Generator().manual_seed(0)
+            for _ in range(20):
+                rows = torch.unique(torch.randint(0, 2000, (300,), generator=gen))
+                step = eng.plan_step(rows) if planned else rows
+                eng.begin_step(step)
+                vals = eng.lookup(step)
+                eng.apply_gradients(step, vals * 0.5)
+            eng.flush()
+            out.append(eng.read_rows()[0].clone())
+    assert torch.equal(out[0], out[1])

@@ -1,14 +1,16 @@
-"""Batches planned ahead by FrugalTrainPipeline (CPU, gloo, 2 ranks).
+"""Batches planned ahead by FrugalTrainPipeline, gradients handed to the exchange worker (CPU,
+gloo, 2 ranks).
 
 Every batch the pipeline reads is planned off the training thread (its rows checked and made
-unique, the engines' step plans, the pooling indices), and the batch's forward takes the plan
-instead of reading its ids. Checked here: the planner thread, the inline planner and no planner
-train the same model bit for bit (losses and tables; L = 6 and L = 0, EmbeddingBagCollection with
-SUM, MEAN and weighted bags, EmbeddingCollection, a planner lagging behind); in steady state the training thread calls none
-of the planning functions and runs none of the host-reading ops of an id check or a unique, and
-the ops it runs do not depend on the batch size, and it reads no more values
-to the host than stock TorchRec's table_wise step; a bad id fails where it is planned with the
-feature named.
+unique, the engines' step plans, the pooling indices), the batch's forward takes the plan instead
+of reading its ids, and its backward hands the gradients to the exchange worker. Checked here:
+the planner thread, the inline planner and no planner, with the exchange worker or the update
+inside backward, train the same model bit for bit (losses and tables; L = 6 and L = 0,
+EmbeddingBagCollection with SUM, MEAN and weighted bags, EmbeddingCollection, a planner or an
+exchange worker lagging behind, a loader that refills the buffers it yielded). In steady state the training thread calls none of the planning
+or exchange functions and runs none of the host-reading ops of an id check or a unique; the ops
+it runs do not depend on the batch size, and it reads no more values to the host than stock
+TorchRec's table_wise step. A bad id fails where it is planned, with the feature named.
 """
 from __future__ import annotations
 
@@ -56,6 +58,14 @@ PLANNING_CALLS = (
     ("torchrec_frugal.engine", None, "plan_lookup"),
     ("torch", None, "unique"),
 )
+# What a step's update calls once backward handed its gradients over: the exchange worker's.
+EXCHANGE_CALLS = (
+    ("torchrec_frugal.gradient_exchange", "GradientExchange", "stage"),
+    ("torchrec_frugal.gradient_exchange", "GradientExchange", "sum_owned"),
+    ("torchrec_frugal.owner_update", "OwnerUpdate", "apply"),
+    ("torchrec_frugal.flusher", "Flusher", "flush_once"),
+    ("torchrec_frugal.flusher", "Flusher", "flush_due"),
+)
 # Host-reading aten ops of an id check, a unique or a comparison of batches.
 PLANNING_OPS = {"_unique2", "unique_dim", "unique_consecutive", "sort", "equal", "masked_select", "min", "max"}
 
@@ -71,18 +81,27 @@ class TracedVariantsModel(VariantsModel):
         return loss, (loss.detach(), logits.detach(), batch.labels)
 
 
-def config(lookahead: int) -> Any:
+def config(lookahead: int, exchange_worker: bool = True) -> Any:
     from torchrec_frugal.config import FrugalConfig
 
-    return FrugalConfig(lookahead=lookahead, cache_ratio=0.05)
+    return FrugalConfig(lookahead=lookahead, cache_ratio=0.05, exchange_worker=exchange_worker)
 
 
-def batches_of(kind: str, rows: List[int], batch: Optional[Callable[[int], Any]] = None) -> Iterator[Any]:
+def batches_of(kind: str, rows: List[int], refill: bool = False) -> Iterator[Any]:
+    """This rank's STEPS batches. ``refill``: a loader that reuses its buffers: once it made the
+    next batch, the ids of the one it yielded before are overwritten in place (with other valid
+    ids), as a loader refilling page-locked buffers does."""
     if "variants" in kind:
         data: Any = VariantBatches(dist.get_rank(), kind == "weighted_variants")
     else:
         data = ZipfBatches(dist.get_rank(), rows)
-    return (data.batch(s) for s in range(STEPS))
+    previous = None
+    for s in range(STEPS):
+        batch = data.batch(s)
+        if refill and previous is not None:
+            previous.sparse_features.values().zero_()  # id 0: valid in every table
+        previous = batch
+        yield batch
 
 
 def pipeline(dmp: Any, opt: Any, planner: str) -> Any:
@@ -91,27 +110,42 @@ def pipeline(dmp: Any, opt: Any, planner: str) -> Any:
     return FrugalTrainPipeline(dmp, opt, torch.device("cpu"), planner=planner)
 
 
-def train_with(planner: str, kind: str, lookahead: int, rows: List[int], plan_delay_s: float = 0.0) -> Dict[str, Any]:
-    """Losses and final tables of STEPS pipelined steps; ``plan_delay_s``: every plan made that
-    much later (a planner that lags the training thread)."""
+def train_with(
+    planner: str,
+    kind: str,
+    lookahead: int,
+    rows: List[int],
+    plan_delay_s: float = 0.0,
+    update_delay_s: float = 0.0,
+    exchange_worker: bool = True,
+    refill: bool = False,
+) -> Dict[str, Any]:
+    """Losses and final tables of STEPS pipelined steps. ``plan_delay_s``: every plan made that
+    much later (a planner lagging behind the training thread); ``update_delay_s``: every owner
+    update that much later (an exchange worker lagging behind)."""
     import time
 
+    from torchrec_frugal.owner_update import OwnerUpdate
     from torchrec_frugal.torchrec.embedding_lookup import FrugalEmbeddingLookup
 
-    plan = FrugalEmbeddingLookup.plan
+    plan, apply = FrugalEmbeddingLookup.plan, OwnerUpdate.apply
     if plan_delay_s:
         FrugalEmbeddingLookup.plan = lambda self, f: time.sleep(plan_delay_s) or plan(self, f)  # type: ignore[method-assign]
+    if update_delay_s:
+        OwnerUpdate.apply = lambda self, *a: time.sleep(update_delay_s) or apply(self, *a)  # type: ignore[method-assign]
     try:
-        return _train_with(planner, kind, lookahead, rows)
+        return _train_with(planner, kind, lookahead, rows, exchange_worker, refill)
     finally:
-        FrugalEmbeddingLookup.plan = plan  # type: ignore[method-assign]
+        FrugalEmbeddingLookup.plan, OwnerUpdate.apply = plan, apply  # type: ignore[method-assign]
 
 
-def _train_with(planner: str, kind: str, lookahead: int, rows: List[int]) -> Dict[str, Any]:
+def _train_with(
+    planner: str, kind: str, lookahead: int, rows: List[int], exchange_worker: bool, refill: bool = False
+) -> Dict[str, Any]:
     world = dist.get_world_size()
-    dmp, opt, key = build(world, "frugal", "adagrad", kind, rows, config=config(lookahead))
+    dmp, opt, key = build(world, "frugal", "adagrad", kind, rows, config=config(lookahead, exchange_worker))
     pipe = pipeline(dmp, opt, planner)
-    source = batches_of(kind, rows)
+    source = batches_of(kind, rows, refill)
     losses = []
     while True:
         try:
@@ -133,7 +167,7 @@ class CallsByThread:
     def __enter__(self) -> "CallsByThread":
         import importlib
 
-        for module_name, cls, name in PLANNING_CALLS:
+        for module_name, cls, name in PLANNING_CALLS + EXCHANGE_CALLS:
             owner = importlib.import_module(module_name)
             owner = getattr(owner, cls) if cls is not None else owner
             fn = owner.__dict__[name]
@@ -184,6 +218,9 @@ def steady_state(kind: str, batch_scale: int) -> Dict[str, Any]:
             pipe.progress(source)
         with CallsByThread() as calls:
             ops = ops_of_steps(pipe, source, 6)
+            for lookup in frugal_lookups(dmp):  # the last step's update may still be on the worker
+                for g in lookup.groups:
+                    g.engine.drain()
         dist.barrier()
     finally:
         base.BATCH = old_batch
@@ -191,6 +228,7 @@ def steady_state(kind: str, batch_scale: int) -> Dict[str, Any]:
     out = {
         "training_thread_calls": calls.on(main),
         "planner_calls": {k: v for (t, k), v in calls.counts.items() if t.startswith("frugal-planner")},
+        "exchange_calls": {k: v for (t, k), v in calls.counts.items() if t.startswith("frugal-exchange")},
         "ops": dict(ops),
     }
     release(dmp)
@@ -248,6 +286,13 @@ def _rank_main(rank: int, world: int) -> Dict[str, Any]:
         for planner in PLANNERS:
             out[(name, planner)] = train_with(planner, kind, lookahead, rows)
     out[("dlrm_L6", "lagging_thread")] = train_with("thread", "dlrm", 6, TABLE_ROWS, plan_delay_s=0.02)
+    out[("dlrm_L6", "lagging_exchange")] = train_with("thread", "dlrm", 6, TABLE_ROWS, update_delay_s=0.02)
+    for name in ("dlrm_L6", "dlrm_L0"):
+        kind, lookahead, rows = SETUPS[name]
+        out[(name, "refilling_loader")] = train_with("thread", kind, lookahead, rows, refill=True)
+    for name in ("dlrm_L6", "dlrm_L0", "mean_variants"):  # the update on the training thread, inside backward
+        kind, lookahead, rows = SETUPS[name]
+        out[(name, "inline_exchange")] = train_with("none", kind, lookahead, rows, exchange_worker=False)
     out["steady_dlrm"] = steady_state("dlrm", 1)
     out["steady_dlrm_x8"] = steady_state("dlrm", 8)
     out["steady_mean"] = steady_state("variants", 1)
@@ -272,11 +317,30 @@ def test_planned_batches_train_bit_for_bit_as_unplanned(world2: List[Dict[str, A
         assert np.array_equal(x, y), (setup, planner, t)
 
 
-def test_a_lagging_planner_trains_the_same(world2: List[Dict[str, Any]]) -> None:
-    for res in world2:
-        assert np.array_equal(res[("dlrm_L6", "lagging_thread")]["losses"], res[("dlrm_L6", "none")]["losses"])
-    for x, y in zip(world2[0][("dlrm_L6", "lagging_thread")]["tables"], world2[0][("dlrm_L6", "none")]["tables"]):
-        assert np.array_equal(x, y)
+def assert_bit_identical(results: List[Dict[str, Any]], a: Tuple[str, str], b: Tuple[str, str]) -> None:
+    for rank, res in enumerate(results):
+        assert res[a]["losses"].shape == (STEPS,)
+        assert np.array_equal(res[a]["losses"], res[b]["losses"]), (rank, a, b)
+    for t, (x, y) in enumerate(zip(results[0][a]["tables"], results[0][b]["tables"])):
+        assert np.array_equal(x, y), (a, b, t)
+
+
+@pytest.mark.parametrize("lagging", ["lagging_thread", "lagging_exchange"])
+def test_a_lagging_planner_or_exchange_worker_trains_the_same(world2: List[Dict[str, Any]], lagging: str) -> None:
+    assert_bit_identical(world2, ("dlrm_L6", lagging), ("dlrm_L6", "none"))
+
+
+@pytest.mark.parametrize("setup", ["dlrm_L6", "dlrm_L0"])
+def test_a_loader_that_refills_its_buffers_trains_as_a_fresh_one(world2: List[Dict[str, Any]], setup: str) -> None:
+    """A batch is planned from a copy of its ids taken when it was read: a loader may then refill
+    the buffers it yielded (the dense features here stay as they were)."""
+    assert_bit_identical(world2, (setup, "refilling_loader"), (setup, "none"))
+
+
+@pytest.mark.parametrize("setup", ["dlrm_L6", "dlrm_L0", "mean_variants"])
+def test_the_exchange_worker_trains_as_the_update_inside_backward(world2: List[Dict[str, Any]], setup: str) -> None:
+    """Planner and exchange worker (the default) against the path before either: bit for bit."""
+    assert_bit_identical(world2, (setup, "thread"), (setup, "inline_exchange"))
 
 
 @pytest.mark.parametrize("steady", ["steady_dlrm", "steady_dlrm_x8", "steady_mean"])
@@ -286,6 +350,8 @@ def test_training_thread_plans_nothing(world2: List[Dict[str, Any]], steady: str
         assert seen["training_thread_calls"] == {}, seen["training_thread_calls"]
         # The planner did the work: per step, each lookup's rows (one lookup here) and each engine's plan.
         assert seen["planner_calls"].get("group_rows", 0) >= 6 and seen["planner_calls"].get("plan_step", 0) >= 6
+        # ... and the exchange worker the update.
+        assert seen["exchange_calls"].get("sum_owned", 0) >= 6 and seen["exchange_calls"].get("apply", 0) >= 6
         assert not PLANNING_OPS & set(seen["ops"]), sorted(PLANNING_OPS & set(seen["ops"]))
 
 

@@ -411,6 +411,7 @@ def _engine(device: str, steps: int = 30, warmup: int = 5) -> List[Dict[str, flo
                     uniq, inv = torch.unique(fused[s], return_inverse=True)
                     grads = torch.zeros(uniq.shape[0], emb.shape[1], device=emb.device).index_add_(0, inv.to(emb.device), emb)
                     eng.apply_gradients(uniq, grads)
+                    eng.drain()
                     m = eng.last_metrics
                     if s >= warmup:
                         phases.append(sum(m.phase_s.get(k, 0.0) for k in ("announce", "exchange", "bookkeeping")))

@@ -45,6 +45,10 @@ class FrugalConfig:
         picks the thread on an accelerator, whose training thread spends its time waiting for
         the device, and the training thread on a CPU device, whose cores the training already
         keeps busy (a thread there only adds switches).
+    exchange_worker: where a step's gradients go once backward hands them over. True: a thread
+        per rank stages them, sums the owned rows over ranks, updates them and flushes, while the
+        training thread goes on to the next step, whose gate waits for that update. False: the
+        training thread does all of it inside backward. None picks the thread.
     timeout_s: longest wait on another rank before the run is aborted with an error.
     shm_dir: the shared-memory directory that holds the host tables and the mailboxes; None:
         $TORCHREC_FRUGAL_SHM_DIR, else /dev/shm. Every local rank must use the same one.
@@ -62,6 +66,7 @@ class FrugalConfig:
     update_uncached_in_host: Optional[bool] = None
     host_path: str = "auto"
     lookahead_worker: Optional[bool] = None
+    exchange_worker: Optional[bool] = None
     timeout_s: float = 60.0
     shm_dir: Optional[str] = None
     mailbox_rows: int = 16384

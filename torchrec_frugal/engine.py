@@ -12,6 +12,11 @@ One engine serves a group of tables of equal dimension, fused into one row space
    host write with priority = the next step at which any rank reads the row from host.
 4. Flushers copy queued rows (weights and optimizer state) to host, lowest priority first.
 
+Steps 1-2 take a :class:`~.step_plan.StepPlan` made ahead (``plan_step``, any thread) instead of
+rows, and step 3 by default only launches the gradients' copy to host and hands the step to the
+exchange worker (``exchange_worker.py``): staging, summing, the owner's update, priorities and
+flushing run there, and the next step's gate waits for that update (``FrugalConfig.exchange_worker``).
+
 No rank is special after set-up: the gate reads every owner's progress counters in shared memory.
 
 On CUDA (``device.py``) host rows are read and written through the device's mapping of the
@@ -28,17 +33,19 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from collections import deque
+from typing import Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from . import shm
 from .config import FrugalConfig, OptimizerSpec, TableSpec
-from .device import REACHED, CopyStream, HostTables, Marker, Streams, plan_lookup, resolve_device
+from .device import REACHED, CopyStream, GradientStaging, HostTables, Marker, Streams, plan_lookup, resolve_device
 from .errors import FrugalError, FrugalInputError, RankLostError
+from .exchange_worker import ExchangeWorker
 from .flusher import Flusher
-from .gate import CLOSED, FAILED, STATUS, UPDATED, WAIT_GATE, lagging_owners, sync
+from .gate import CLOSED, FAILED, FLUSHED, STATUS, UPDATED, WAIT_GATE, lagging_owners, sync
 from .fused_rows import FusedRows
 from .gradient_exchange import GradientExchange
 from .host_rows import HostRows, RowsPart
@@ -140,11 +147,18 @@ class FrugalEngine:
             self._guard, self._raise_if_failed, self._fail_from_thread,
         )  # fmt: skip
         self.exchange = GradientExchange(self.grad_record, self.control, owner, d)
+        # Where backward hands a step's gradients over: the exchange worker, or this thread.
+        use_exchange_worker = True if cfg.exchange_worker is None else cfg.exchange_worker
+        self.exchange_worker = (
+            ExchangeWorker(f"frugal-exchange-{self.rank}", self._fail_from_thread) if use_exchange_worker else None
+        )
+        self._grad_staging = GradientStaging(d, self.device)
 
         self.step = 0
         self._in_step = False
         self._recorder = StepRecorder()
-        self.last_metrics: Optional[StepMetrics] = None
+        self.last_metrics: Optional[StepMetrics] = None  # of the newest step whose update is done
+        self._finished: Deque[StepMetrics] = deque(maxlen=4096)  # since the last take_metrics()
 
     @property
     def queue(self) -> PendingQueue:
@@ -161,9 +175,10 @@ class FrugalEngine:
 
     @property
     def background_threads(self) -> List[threading.Thread]:
-        """The threads working for this rank beside the training thread (flushers, lookahead worker)."""
-        worker = self.lookahead_feed.worker
-        return self.flusher.threads + ([worker.thread] if worker is not None else [])
+        """The threads working for this rank beside the training thread (flushers, lookahead and
+        exchange workers)."""
+        workers = [self.lookahead_feed.worker, self.exchange_worker]
+        return self.flusher.threads + [w.thread for w in workers if w is not None]
 
     # ------------------------------------------------------------------ input checks
     def rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
@@ -176,8 +191,12 @@ class FrugalEngine:
         return self.fused.of_table_ids(tables, ids)
 
     def _raise_if_failed(self) -> None:
-        if self._failure is not None:
-            raise FrugalError(f"rank {self.rank}: a background thread (flusher or lookahead) failed: {self._failure!r}") from self._failure
+        failure = self._failure
+        if failure is not None:
+            message = f"rank {self.rank}: a background thread (flusher, lookahead or exchange) failed: {failure!r}"
+            if isinstance(failure, RankLostError):  # a peer was lost: say so, as the training thread would
+                raise RankLostError(message, failure.lost_rank) from failure
+            raise FrugalError(message) from failure
         if self._closed:
             raise FrugalError(f"rank {self.rank}: the engine is closed")
 
@@ -236,8 +255,14 @@ class FrugalEngine:
         return s
 
     def _gate(self, s: int) -> float:
+        worker = self.exchange_worker
+
         def idle() -> bool:
             ingested = self.lookahead_feed.ingest_while_waiting()
+            if worker is not None and worker.pending:  # this rank's own update of step s - 1 (and its flush)
+                return worker.wait_done(2e-3) or ingested
+            if worker is not None and self.control.get(FLUSHED)[self.rank] >= s:
+                return ingested  # none of what step s reads is pending here
             return self.flusher.flush_once(max_priority=s, wait=False) or ingested
 
         return self.control.wait(WAIT_GATE, lambda: lagging_owners(self.control, s), f"the gate of step {s}", idle)
@@ -291,14 +316,30 @@ class FrugalEngine:
             raise FrugalInputError(
                 f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
             )
-        self._guard(lambda: self._update(s, rows, grads.detach().to("cpu", torch.float32)))
+        reads_done = self._reads_done
+        if self.exchange_worker is None:
+            self._guard(lambda: self._update(s, rows, grads.detach().to("cpu", torch.float32), reads_done))
+        else:  # launch the copy to host, hand the step over, and go on
+            host_grads, copied = self._grad_staging.to_host(grads.detach())
+            self.exchange_worker.submit(lambda: self._update_handed_over(s, rows, host_grads, copied, reads_done))
         self._in_step = False
         self.step = s + 1
 
-    def _update(self, s: int, rows: torch.Tensor, grads: torch.Tensor) -> None:
+    def _update_handed_over(self, s: int, rows: torch.Tensor, grads: torch.Tensor, copied: Marker, reads_done: Marker) -> None:
+        """Step ``s``'s update on the exchange worker, once its gradients are on the host."""
+        copied.synchronize()
+        self._guard(lambda: self._update(s, rows, grads, reads_done))
+
+    def drain(self) -> None:
+        """Wait until the exchange worker has done every step handed over; raises its failure."""
+        if self.exchange_worker is not None:
+            self.exchange_worker.drain(self.config.timeout_s)
+        self._raise_if_failed()
+
+    def _update(self, s: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker) -> None:
         flusher, feed, rec = self.flusher, self.lookahead_feed, self._recorder
         t0 = time.perf_counter()
-        self.exchange.stage(s, rows, grads, self._reads_done)
+        self.exchange.stage(s, rows, grads, reads_done)
         t1 = time.perf_counter()
         rec.exchange_wait_s = self.exchange.wait_staged(
             s, idle=lambda: flusher.flush_once(max_priority=flusher.background_bound(), wait=False)
@@ -324,10 +365,21 @@ class FrugalEngine:
         flusher.flush_due(s)
         rec.add("flush", time.perf_counter() - t6)
         self.last_metrics = rec.finish(s, flusher.take_counts(), self.store.dynamic_in_use, self.control.take_waited())
+        self._finished.append(self.last_metrics)
+
+    def take_metrics(self) -> List[StepMetrics]:
+        """The metrics of every step whose update finished since the last call, oldest first.
+
+        With the exchange worker a step's update finishes after ``apply_gradients`` returns, so
+        :attr:`last_metrics` may still be the previous step's; this misses none."""
+        out = []
+        while self._finished:
+            out.append(self._finished.popleft())
+        return out
 
     def flush(self) -> None:
         """Collective: apply every pending host write of every rank; host then equals the caches."""
-        self._raise_if_failed()
+        self.drain()
         if self._in_step:
             raise FrugalError(f"rank {self.rank}: flush inside step {self.step}")
         self._guard(self.flusher.drain)
@@ -387,6 +439,8 @@ class FrugalEngine:
         shm.remove_run_segments(self.run_id, self.shm_dir)
 
     def _stop_background(self) -> None:
+        if self.exchange_worker is not None:
+            self.exchange_worker.stop(self.config.timeout_s)
         self.flusher.stop(self.config.timeout_s)
         self.lookahead_feed.stop(self.config.timeout_s)
 
@@ -394,6 +448,11 @@ class FrugalEngine:
         """Stop the flushers; pending writes are dropped unless flush() ran first."""
         if self._closed:
             return
+        if self.exchange_worker is not None and self._failure is None:
+            try:  # the steps handed over finish first (their peers wait for them)
+                self.exchange_worker.drain(self.config.timeout_s)
+            except FrugalError:
+                pass  # closing anyway: whatever the worker still holds is dropped
         self._stop_background()
         self.host.close()
         self.ring_record.unlink_own()  # a record grown during the run still has its name

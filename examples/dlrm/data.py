@@ -164,18 +164,25 @@ class SyntheticClickData:
         return make_batch(self._layout, dense, ids, labels)
 
     def batches(
-        self, rank: int, start: int = 0, num: Optional[int] = None, split: str = "train", workers: int = 0
+        self, rank: int, start: int = 0, num: Optional[int] = None, split: str = "train", workers: int = 0,
+        pin: bool = False,
     ) -> Iterator[Batch]:
         """Batches ``start, start + 1, ...`` of ``rank`` (endless if ``num`` is None).
 
         With ``workers`` > 0 (``num`` given) they are made by that many DataLoader worker
         processes, ahead of use and off the training thread, as a real input pipeline makes
         them; the batches and their order are the same. The workers start here, so call this
-        before the training process starts threads of its own.
+        before the training process starts threads of its own. ``pin``: batches come in
+        page-locked memory (for an asynchronous copy to an accelerator).
         """
         if workers > 0 and num is not None:
             dataset = _SyntheticSteps(self, rank, start, num, split)
-            return iter(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, prefetch_factor=4))
+            # A generator of its own: the workers' seeds must not be drawn from the global RNG,
+            # which the model's initial weights come from next.
+            return iter(torch.utils.data.DataLoader(
+                dataset, batch_size=None, num_workers=workers, prefetch_factor=4, pin_memory=pin,
+                generator=torch.Generator().manual_seed(0),
+            ))  # fmt: skip
         steps = itertools.count(start) if num is None else range(start, start + num)
         return (self.batch(rank, s, split) for s in steps)
 

@@ -184,7 +184,8 @@ def data_iterator(
     if args.data == "synthetic":
         gen = SyntheticClickData(cfg.dataset, rows, cfg.batch_size, seed=cfg.seed, skew=cfg.skew)
         presample = gen.presample_counts([rank], args.presample_steps) if args.sharder == "frugal" else {}
-        return gen.batches(rank, start, args.steps - start, workers=args.loader_workers), presample
+        pin = torch.cuda.is_available() and args.loader_workers > 0
+        return gen.batches(rank, start, args.steps - start, workers=args.loader_workers, pin=pin), presample
 
     def real() -> Iterator[Batch]:
         if args.data == "criteo-tsv":
@@ -219,7 +220,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy"), default="synthetic")
     p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of *_{dense,sparse,labels}.npy")
     add_frugal_arguments(p)
-    p.add_argument("--loader-workers", type=int, default=0,
+    p.add_argument("--loader-workers", type=int, default=1,
                    help="synthetic data: worker processes that make batches ahead, off the training thread")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--auc-window", type=int, default=100, help="steps whose predictions the final loss and AUC cover")

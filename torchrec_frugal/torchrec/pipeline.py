@@ -127,6 +127,8 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 window = self._requested_lookahead
             self._window = window
             self._planning = self._planner.enabled and bool(self._frugal) and all(m.plans_anywhere() for m in self._frugal)
+            for entry in list(self._handed) + list(self._ahead):  # read while TorchRec traced the model
+                self._start_plan(entry)
         return self._frugal
 
     def _next_read_batch(self) -> In:

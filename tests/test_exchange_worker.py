@@ -1,0 +1,97 @@
+"""The exchange worker: steps handed over run in order, drains wait for them, a failure on the
+worker surfaces on the training thread with its cause, and an engine trains the same tables
+with the worker as with the update inside apply_gradients (one rank, CPU)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, List
+
+import pytest
+import torch
+
+from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
+from torchrec_frugal.engine import FrugalEngine
+from torchrec_frugal.errors import FrugalError
+from torchrec_frugal.exchange_worker import ExchangeWorker
+from torchrec_frugal.owner_update import OwnerUpdate
+
+
+def test_steps_run_in_order_off_the_caller_and_drain_waits_for_them() -> None:
+    done: List[Any] = []
+    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: done.append(e))
+    for i in range(5):
+        worker.submit(lambda i=i: (time.sleep(0.01), done.append((i, threading.current_thread().name))))
+    assert worker.pending > 0  # handed over, not run by the caller
+    worker.drain(timeout_s=10)
+    assert done == [(i, "frugal-exchange-test") for i in range(5)] and worker.pending == 0
+    worker.stop(1)
+    with pytest.raises(FrugalError, match="stopped"):
+        worker.submit(lambda: None)
+
+
+def test_a_failing_step_is_reported_and_ends_the_worker() -> None:
+    seen: List[BaseException] = []
+    worker = ExchangeWorker("frugal-exchange-test", on_failure=seen.append)
+    worker.submit(lambda: 1 / 0)
+    worker.submit(lambda: seen.append(RuntimeError("must not run")))
+    worker.drain(timeout_s=10)  # returns: the worker failed
+    assert len(seen) == 1 and isinstance(seen[0], ZeroDivisionError)
+    worker.stop(1)
+
+
+def test_a_drain_that_times_out_names_the_steps_left() -> None:
+    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
+    gate = threading.Event()
+    worker.submit(lambda: gate.wait(5))
+    with pytest.raises(FrugalError, match=r"1 step\(s\) not done after 0.05 s"):
+        worker.drain(timeout_s=0.05)
+    gate.set()
+    worker.drain(timeout_s=5)
+    worker.stop(1)
+
+
+def _train(tmp_path: Any, exchange_worker: bool, lookahead: int, steps: int = 30) -> torch.Tensor:
+    cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.1, shm_dir=str(tmp_path), exchange_worker=exchange_worker)
+    counts = [torch.arange(500, 0, -1, dtype=torch.float32), torch.ones(300)]
+    tables = [TableSpec("a", 500, 8), TableSpec("b", 300, 8)]
+    with FrugalEngine(tables, OptimizerSpec("rowwise_adagrad", lr=0.1), cfg, presample_counts=counts, seed=1) as eng:
+        gen = torch.Generator().manual_seed(2)
+        batches = [torch.unique(torch.randint(0, 800, (120,), generator=gen)) for _ in range(steps)]
+        for s in range(min(lookahead, steps)):
+            eng.push_lookahead(eng.plan_step(batches[s]))
+        for s in range(steps):
+            if s + lookahead < steps and lookahead:
+                eng.push_lookahead(eng.plan_step(batches[s + lookahead]))
+            rows = batches[s]
+            eng.begin_step(rows)
+            vals = eng.lookup(rows)
+            eng.apply_gradients(rows, torch.sin(vals) + 0.01 * s)
+        eng.flush()  # drains the worker first
+        assert sum(m.step == s for m in eng.take_metrics() for s in [steps - 1]) == 1
+        return eng.read_rows()[0].clone()
+
+
+@pytest.mark.parametrize("lookahead", [0, 3])
+def test_the_worker_trains_the_tables_the_inline_update_trains(tmp_path: Any, lookahead: int) -> None:
+    assert torch.equal(_train(tmp_path, True, lookahead), _train(tmp_path, False, lookahead))
+
+
+def test_a_failure_on_the_worker_is_raised_on_the_training_thread_with_its_cause(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: OwnerUpdate, *args: Any) -> Any:
+        raise RuntimeError("owner update broke")
+
+    cfg = FrugalConfig(lookahead=0, shm_dir=str(tmp_path))
+    with FrugalEngine([TableSpec("t", 100, 4)], OptimizerSpec(), cfg) as eng:
+        assert eng.exchange_worker is not None
+        rows = torch.arange(10)
+        eng.begin_step(rows)
+        monkeypatch.setattr(OwnerUpdate, "apply", broken)
+        eng.apply_gradients(rows, torch.ones(10, 4))  # handed over: returns
+        with pytest.raises(FrugalError, match="exchange") as info:
+            eng.drain()
+        assert isinstance(info.value.__cause__, RuntimeError) and "owner update broke" in str(info.value.__cause__)
+        with pytest.raises(FrugalError, match="exchange"):  # and at every later call
+            eng.begin_step(rows)

@@ -29,6 +29,14 @@ def test_defaults_are_valid():
         ("max_deferred_rows", -1),
         ("timeout_s", 0.0),
         ("timeout_s", -3.0),
+        ("lookahead", 2.5),  # refused where given, not later inside the shared-memory sizing
+        ("lookahead", True),
+        ("lookahead", "3"),
+        ("flush_workers", 1.5),
+        ("cache_ratio", "0.1"),
+        ("mailbox_rows", 0),
+        ("exchange_worker", "yes"),
+        ("timeout_s", float("nan")),
     ],
 )
 def test_frugal_config_rejects(field, value):
@@ -135,3 +143,37 @@ def test_the_engine_starts_its_helper_threads_by_device_unless_told(kw, threads,
     with FrugalEngine([TableSpec("t", 64, 4)], OptimizerSpec(), FrugalConfig(shm_dir=str(tmp_path), **kw)) as eng:
         assert len(eng.background_threads) == threads
         assert all(t.is_alive() for t in eng.background_threads)
+
+
+@pytest.mark.parametrize("rows,dim,field,value", [(10.0, 8, "num_embeddings", 10.0), (10, "8", "embedding_dim", "8")])
+def test_table_spec_rejects_non_int_sizes(rows, dim, field, value):
+    with pytest.raises(ValueError) as ei:
+        TableSpec("user_id", rows, dim)
+    msg = str(ei.value)
+    assert "'user_id'" in msg and field in msg and repr(value) in msg
+
+
+def test_optimizer_spec_rejects_a_non_number():
+    with pytest.raises(ValueError) as ei:
+        OptimizerSpec(kind="sgd", lr="0.1")  # type: ignore[arg-type]
+    assert "lr" in str(ei.value) and "'0.1'" in str(ei.value)
+
+
+def test_planner_arguments_are_refused_where_given():
+    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner, frugal
+
+    with pytest.raises(ValueError, match=r"zipf_s must be > 0, got -1"):
+        FrugalShardingPlanner(zipf_s=-1.0)
+    with pytest.raises(TypeError, match="config must be a FrugalConfig, got dict"):
+        FrugalShardingPlanner(config={"lookahead": 2})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"cache_ratio must be in \[0, 1\], got 2"):
+        frugal(cache_ratio=2)
+
+
+def test_pipeline_lookahead_is_refused_where_given():
+    import torch
+
+    from torchrec_frugal.torchrec.pipeline import FrugalTrainPipeline
+
+    with pytest.raises(ValueError, match=r"lookahead must be an int, got 2.5 \(float\)"):
+        FrugalTrainPipeline(torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)]), torch.device("cpu"), lookahead=2.5)

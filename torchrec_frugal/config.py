@@ -1,6 +1,8 @@
 """Typed configuration of the Frugal engine (no TorchRec imports)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -72,24 +74,47 @@ class FrugalConfig:
     mailbox_rows: int = 16384
 
     def __post_init__(self) -> None:
-        if self.lookahead < 0:
-            raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
-        if not 0.0 <= self.cache_ratio <= 1.0:
-            raise ValueError(f"cache_ratio must be in [0, 1], got {self.cache_ratio}")
-        if self.flush_workers is not None and self.flush_workers < 0:
-            raise ValueError(f"flush_workers must be >= 0, got {self.flush_workers}")
+        check_int("lookahead", self.lookahead, 0)
+        check_real("cache_ratio", self.cache_ratio, 0.0, 1.0)
+        if self.flush_workers is not None:
+            check_int("flush_workers", self.flush_workers, 0)
         if self.queue not in QUEUE_KINDS:
             raise ValueError(f"queue must be one of {tuple(QUEUE_KINDS)}, got {self.queue!r}")
-        if self.flush_chunk_rows < 1:
-            raise ValueError(f"flush_chunk_rows must be >= 1, got {self.flush_chunk_rows}")
-        if self.max_deferred_rows < 0:
-            raise ValueError(f"max_deferred_rows must be >= 0, got {self.max_deferred_rows}")
+        check_int("flush_chunk_rows", self.flush_chunk_rows, 1)
+        check_int("max_deferred_rows", self.max_deferred_rows, 0)
+        for name in ("update_uncached_in_host", "lookahead_worker", "exchange_worker"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True, False or None, got {value!r}")
         if self.host_path not in HOST_PATHS:
             raise ValueError(f"host_path must be one of {HOST_PATHS}, got {self.host_path!r}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.mailbox_rows < 1:
-            raise ValueError(f"mailbox_rows must be >= 1, got {self.mailbox_rows}")
+        check_real("timeout_s", self.timeout_s, 0.0, math.inf, open_low=True)
+        if self.shm_dir is not None and not isinstance(self.shm_dir, str):
+            raise ValueError(f"shm_dir must be a path (str) or None, got {self.shm_dir!r}")
+        check_int("mailbox_rows", self.mailbox_rows, 1)
+
+
+def check_int(name: str, value: object, minimum: int) -> None:
+    """Refuse, naming the field, a count that is not an int (2.5, "3", True) or is below ``minimum``:
+    where it is given, not later inside the shared-memory sizing."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_real(name: str, value: object, low: float, high: float, open_low: bool = False) -> None:
+    """Refuse, naming the field, a number that is not real or lies outside [low, high] ((low, high]
+    with ``open_low``); NaN is outside every range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    inside = (low < value if open_low else low <= value) and value <= high
+    if not inside:
+        if high == math.inf:
+            bound = f"> {low:g}" if open_low else f">= {low:g}"
+        else:
+            bound = f"in ({low:g}, {high:g}]" if open_low else f"in [{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,10 @@ class TableSpec:
     embedding_dim: int
 
     def __post_init__(self) -> None:
+        for name in ("num_embeddings", "embedding_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"table {self.name!r}: {name} must be an int, got {value!r}")
         if self.num_embeddings <= 0 or self.embedding_dim <= 0:
             raise ValueError(
                 f"table {self.name!r}: num_embeddings and embedding_dim must be positive, "
@@ -128,8 +157,8 @@ class OptimizerSpec:
         if self.kind not in OPTIMIZER_KINDS:
             raise ValueError(f"optimizer kind must be one of {OPTIMIZER_KINDS}, got {self.kind!r}")
         for name in ("lr", "eps", "weight_decay"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            check_real(name, getattr(self, name), 0.0, math.inf)
         for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
+            check_real(name, getattr(self, name), 0.0, 1.0)
+            if getattr(self, name) == 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

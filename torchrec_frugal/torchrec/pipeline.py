@@ -21,6 +21,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..config import check_int
 from .batch_planner import BatchPlanner, ModulePlans, snapshot
 from .embedding_types import FrugalShardedModuleMixin
 
@@ -74,6 +75,8 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         planner: str = "thread",
         **kwargs: Any,
     ) -> None:
+        if lookahead is not None:  # refused here, before the model is touched
+            check_int("lookahead", lookahead, 0)
         super().__init__(model, optimizer, device, **kwargs)
         self._planner = BatchPlanner(planner)
         self._planning = False  # whether batches are planned: known with the frugal modules
@@ -83,8 +86,6 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         self._handed: Deque[_ReadBatch] = deque()
         model_forward = self._model_fwd
         self._model_fwd = lambda batch: self._planned_forward(model_forward, batch)
-        if lookahead is not None and lookahead < 0:
-            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         self._requested_lookahead = lookahead
         self._window: Optional[int] = None  # resolved once the frugal modules are known
         self._reader: Optional[_LookaheadReader[In]] = None

@@ -14,6 +14,7 @@ placement and memory are TorchRec's as usual.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
@@ -47,7 +48,7 @@ from torchrec.distributed.types import (
     ShardingPlan,
 )
 
-from ..config import FrugalConfig
+from ..config import FrugalConfig, check_real
 from ..cost_model import CACHE_RATIO_CHOICES, CostModel, PlanChoice, StepCost, Workload
 from ..profiles import HardwareProfile
 from .checkpoint import row_layout
@@ -64,6 +65,8 @@ logger: logging.Logger = logging.getLogger(__name__)
 def _frugal_generator(sharding_type: str, cache_ratio: Optional[float]) -> ParameterShardingGenerator:
     """A generator of ``sharding_type`` whose shard metadata lays the rows out per node, then per
     rank of the node (:func:`.checkpoint.row_layout`; one node for "frugal")."""
+    if cache_ratio is not None:
+        check_real("cache_ratio", cache_ratio, 0.0, 1.0)
 
     def _parameter_sharding_generator(
         param: nn.Parameter,
@@ -169,6 +172,10 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         id_counts: Optional[Mapping[str, Union[torch.Tensor, Sequence[float]]]] = None,
         zipf_s: Optional[float] = None,
     ) -> None:
+        if zipf_s is not None:
+            check_real("zipf_s", zipf_s, 0.0, math.inf, open_low=True)
+        if config is not None and not isinstance(config, FrugalConfig):
+            raise TypeError(f"config must be a FrugalConfig, got {type(config).__name__}")
         self._hardware = hardware_profile(hardware) if hardware is not None else None
         self._cost_stats = FrugalCostStats()
         if self._hardware is not None:

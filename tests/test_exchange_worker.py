@@ -14,6 +14,7 @@ from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine import FrugalEngine
 from torchrec_frugal.errors import FrugalError
 from torchrec_frugal.exchange_worker import ExchangeWorker
+from torchrec_frugal.lookahead_ring import LookaheadRing
 from torchrec_frugal.owner_update import OwnerUpdate
 
 
@@ -40,6 +41,19 @@ def test_a_failing_step_is_reported_and_ends_the_worker() -> None:
     worker.stop(1)
 
 
+def test_a_wait_for_a_ticket_does_not_wait_for_later_hand_offs() -> None:
+    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
+    later = threading.Event()
+    first = worker.submit(lambda: None)
+    second = worker.submit(lambda: later.wait(5))
+    assert (first, second) == (1, 2)
+    assert worker.wait_done(5, first) and worker.done_through(first)
+    assert not worker.wait_done(0.05, second) and not worker.done_through(second)
+    later.set()
+    assert worker.wait_done(5, second) and worker.pending == 0
+    worker.stop(1)
+
+
 def test_a_drain_that_times_out_names_the_steps_left() -> None:
     worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
     gate = threading.Event()
@@ -51,17 +65,17 @@ def test_a_drain_that_times_out_names_the_steps_left() -> None:
     worker.stop(1)
 
 
-def _train(tmp_path: Any, exchange_worker: bool, lookahead: int, steps: int = 30) -> torch.Tensor:
+def _train(tmp_path: Any, exchange_worker: bool, lookahead: int, steps: int = 30, push: bool = True) -> torch.Tensor:
     cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.1, shm_dir=str(tmp_path), exchange_worker=exchange_worker)
     counts = [torch.arange(500, 0, -1, dtype=torch.float32), torch.ones(300)]
     tables = [TableSpec("a", 500, 8), TableSpec("b", 300, 8)]
     with FrugalEngine(tables, OptimizerSpec("rowwise_adagrad", lr=0.1), cfg, presample_counts=counts, seed=1) as eng:
         gen = torch.Generator().manual_seed(2)
         batches = [torch.unique(torch.randint(0, 800, (120,), generator=gen)) for _ in range(steps)]
-        for s in range(min(lookahead, steps)):
+        for s in range(min(lookahead, steps) if push else 0):
             eng.push_lookahead(eng.plan_step(batches[s]))
         for s in range(steps):
-            if s + lookahead < steps and lookahead:
+            if s + lookahead < steps and lookahead and push:
                 eng.push_lookahead(eng.plan_step(batches[s + lookahead]))
             rows = batches[s]
             eng.begin_step(rows)
@@ -75,6 +89,25 @@ def _train(tmp_path: Any, exchange_worker: bool, lookahead: int, steps: int = 30
 @pytest.mark.parametrize("lookahead", [0, 3])
 def test_the_worker_trains_the_tables_the_inline_update_trains(tmp_path: Any, lookahead: int) -> None:
     assert torch.equal(_train(tmp_path, True, lookahead), _train(tmp_path, False, lookahead))
+
+
+@pytest.mark.parametrize("push", [True, False])  # False: begin_step announces each step itself
+def test_the_worker_publishes_the_lookahead_off_the_training_thread(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, push: bool
+) -> None:
+    threads: List[str] = []
+    publish = LookaheadRing.publish
+
+    def recorded(self: LookaheadRing, *args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return publish(self, *args)
+
+    monkeypatch.setattr(LookaheadRing, "publish", recorded)
+    with_worker = _train(tmp_path, True, 3, push=push)
+    assert len(threads) == 30 and set(threads) == {"frugal-exchange-0"}
+    threads.clear()
+    assert torch.equal(with_worker, _train(tmp_path, False, 3, push=push))
+    assert len(threads) == 30 and set(threads) == {"MainThread"}
 
 
 def test_a_failure_on_the_worker_is_raised_on_the_training_thread_with_its_cause(

@@ -41,7 +41,7 @@ def _feeds(tmp_path) -> List[LookaheadFeed]:
         host = HostTables({"weights": torch.zeros(ROWS, 1), "state": torch.zeros(ROWS, 0)}, torch.empty(0), CPU, "auto", None)
         store = OwnerStore(ROWS, np.flatnonzero(CACHED & (OWNER == r)), 1, 0, CPU)
         flusher = Flusher(make_queue("two_level", ROWS, L), store, host, Streams(CPU), control, window, 8, 100, 0, print)
-        feeds.append(LookaheadFeed(L, ring, window, flusher, control, False, lambda fn: fn(), lambda: None, print))
+        feeds.append(LookaheadFeed(L, ring, window, flusher, control, False, None, lambda fn: fn(), lambda: None, print))
     for f in feeds:
         f.ring.record.attach_peers()
     for f in feeds:

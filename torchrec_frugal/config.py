@@ -43,10 +43,11 @@ class FrugalConfig:
         tables are read in place (zero_copy); "pinned" there stages through a buffer, as on CUDA.
     lookahead_worker: where the lookahead's bookkeeping runs (publishing this rank's announced
         rows, ingesting the peers' into the owner's window and queue). True: a background thread
-        per rank. False: the training thread, when a batch is pushed and at the update. None
-        picks the thread on an accelerator, whose training thread spends its time waiting for
-        the device, and the training thread on a CPU device, whose cores the training already
-        keeps busy (a thread there only adds switches).
+        per rank. False: where the step's update runs (the exchange worker, handed over in
+        announce order; the training thread without one). None picks the thread on an
+        accelerator, whose training thread spends its time waiting for the device, and False on
+        a CPU device, whose cores the training already keeps busy (a thread there only adds
+        switches).
     exchange_worker: where a step's gradients go once backward hands them over. True: a thread
         per rank stages them, sums the owned rows over ranks, updates them and flushes, while the
         training thread goes on to the next step, whose gate waits for that update. False: the

@@ -141,17 +141,22 @@ class FrugalEngine:
             make_queue(cfg.queue, n, self.lookahead), self.store, self.host, self.streams, self.control, self.window,
             cfg.flush_chunk_rows, cfg.max_deferred_rows, workers, self._fail_from_thread,
         )  # fmt: skip
-        use_worker = not on_cpu if cfg.lookahead_worker is None else cfg.lookahead_worker
-        self.lookahead_feed = LookaheadFeed(
-            self.lookahead, self.ring, self.window, self.flusher, self.control, use_worker,
-            self._guard, self._raise_if_failed, self._fail_from_thread,
-        )  # fmt: skip
-        self.exchange = GradientExchange(self.grad_record, self.control, owner, d)
         # Where backward hands a step's gradients over: the exchange worker, or this thread.
         use_exchange_worker = True if cfg.exchange_worker is None else cfg.exchange_worker
         self.exchange_worker = (
             ExchangeWorker(f"frugal-exchange-{self.rank}", self._fail_from_thread) if use_exchange_worker else None
         )
+        # The lookahead's publishing: a thread of its own, else the exchange worker, else this thread.
+        use_worker = not on_cpu if cfg.lookahead_worker is None else cfg.lookahead_worker
+        self.lookahead_feed = LookaheadFeed(
+            self.lookahead, self.ring, self.window, self.flusher, self.control, use_worker,
+            None if self.exchange_worker is None else self.exchange_worker.submit,
+            self._guard, self._raise_if_failed, self._fail_from_thread,
+        )  # fmt: skip
+        self.exchange = GradientExchange(self.grad_record, self.control, owner, d)
+        # The exchange worker's last hand-off the next step's gate waits for: the previous step's
+        # update, or the step's own publish when begin_step announces it.
+        self._gate_ticket = 0
         self._grad_staging = GradientStaging(d, self.device)
 
         self.step = 0
@@ -246,7 +251,9 @@ class FrugalEngine:
         s = self.step
         t0 = time.perf_counter()
         checked, planned = self._rows(rows, f"batch of step {s}")
-        self.lookahead_feed.begin(s, checked, owned=planned)
+        ticket = self.lookahead_feed.begin(s, checked, owned=planned)
+        if ticket is not None:
+            self._gate_ticket = ticket
         rec = self._recorder
         rec.step_t0 = time.perf_counter()
         rec.add("announce", rec.step_t0 - t0)
@@ -259,8 +266,9 @@ class FrugalEngine:
 
         def idle() -> bool:
             ingested = self.lookahead_feed.ingest_while_waiting()
-            if worker is not None and worker.pending:  # this rank's own update of step s - 1 (and its flush)
-                return worker.wait_done(2e-3) or ingested
+            ticket = self._gate_ticket  # this rank's own update of step s - 1 (and its flush)
+            if worker is not None and not worker.done_through(ticket):
+                return worker.wait_done(2e-3, ticket) or ingested
             if worker is not None and self.control.get(FLUSHED)[self.rank] >= s:
                 return ingested  # none of what step s reads is pending here
             return self.flusher.flush_once(max_priority=s, wait=False) or ingested
@@ -305,8 +313,12 @@ class FrugalEngine:
         self._recorder.add("lookup", time.perf_counter() - t0)
         return out
 
-    def apply_gradients(self, unique_rows: Rows, grads: torch.Tensor) -> None:
-        """This rank's summed gradient per unique row of the step; collective; ends the step."""
+    def apply_gradients(self, unique_rows: Rows, grads: torch.Tensor, divide_by: int = 1) -> None:
+        """This rank's summed gradient per unique row of the step; collective; ends the step.
+
+        ``divide_by``: the gradients are divided by it first (TorchRec divides embedding gradients
+        by the world size): on an accelerator before their copy to host, else where the update
+        runs (the exchange worker), the same division either way."""
         self._raise_if_failed()
         s = self.step
         if not self._in_step:
@@ -317,18 +329,25 @@ class FrugalEngine:
                 f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
             )
         reads_done = self._reads_done
+        grads = grads.detach()
+        if divide_by != 1 and grads.device.type != "cpu":
+            grads, divide_by = grads / divide_by, 1
         if self.exchange_worker is None:
-            self._guard(lambda: self._update(s, rows, grads.detach().to("cpu", torch.float32), reads_done))
+            self._guard(lambda: self._update(s, rows, grads.to("cpu", torch.float32), reads_done, divide_by))
         else:  # launch the copy to host, hand the step over, and go on
-            host_grads, copied = self._grad_staging.to_host(grads.detach())
-            self.exchange_worker.submit(lambda: self._update_handed_over(s, rows, host_grads, copied, reads_done))
+            host_grads, copied = self._grad_staging.to_host(grads)
+            self._gate_ticket = self.exchange_worker.submit(
+                lambda: self._update_handed_over(s, rows, host_grads, copied, reads_done, divide_by)
+            )
         self._in_step = False
         self.step = s + 1
 
-    def _update_handed_over(self, s: int, rows: torch.Tensor, grads: torch.Tensor, copied: Marker, reads_done: Marker) -> None:
+    def _update_handed_over(
+        self, s: int, rows: torch.Tensor, grads: torch.Tensor, copied: Marker, reads_done: Marker, divide_by: int
+    ) -> None:
         """Step ``s``'s update on the exchange worker, once its gradients are on the host."""
         copied.synchronize()
-        self._guard(lambda: self._update(s, rows, grads, reads_done))
+        self._guard(lambda: self._update(s, rows, grads, reads_done, divide_by))
 
     def drain(self) -> None:
         """Wait until the exchange worker has done every step handed over; raises its failure."""
@@ -336,9 +355,11 @@ class FrugalEngine:
             self.exchange_worker.drain(self.config.timeout_s)
         self._raise_if_failed()
 
-    def _update(self, s: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker) -> None:
+    def _update(self, s: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int) -> None:
         flusher, feed, rec = self.flusher, self.lookahead_feed, self._recorder
         t0 = time.perf_counter()
+        if divide_by != 1:
+            grads = grads / divide_by
         self.exchange.stage(s, rows, grads, reads_done)
         t1 = time.perf_counter()
         rec.exchange_wait_s = self.exchange.wait_staged(

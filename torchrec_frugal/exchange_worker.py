@@ -8,6 +8,10 @@ copy to host and hands the step over. It waits for the worker where synchronous 
 it: at the next step's gate (which waits for every owner's update, this rank's own included),
 and at a drain (before a flush, a checkpoint or close).
 
+Where the lookahead has no thread of its own, the worker also publishes this rank's announced
+steps, in the order they are announced among the updates (what the training thread would do at
+those points): each hand-off gets a ticket, and a gate waits only for the tickets its step needs.
+
 One owner per hand-off: a step handed over belongs to the worker until it is done. A failure on
 the worker is handed to ``on_failure``, which makes the engine raise it, with its cause, at the
 training thread's next call; the worker then takes no further step.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque
+from typing import Callable, Deque, Optional
 
 from .errors import FrugalError
 
@@ -30,18 +34,22 @@ class ExchangeWorker:
         self._todo: Deque[Callable[[], None]] = deque()
         self._cv = threading.Condition()
         self._busy = False
+        self._submitted = 0  # tickets handed out: the n-th hand-off has ticket n
+        self._done = 0  # hand-offs finished (they finish in ticket order)
         self._stopped = False
         self._failed = False
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, step: Callable[[], None]) -> None:
-        """Hand a step over (steps run in the order they are handed over)."""
+    def submit(self, step: Callable[[], None]) -> int:
+        """Hand a step over (steps run in the order they are handed over); returns its ticket."""
         with self._cv:
             if self._stopped:
                 raise FrugalError(f"{self.thread.name}: stopped, cannot take another step")
             self._todo.append(step)
+            self._submitted += 1
             self._cv.notify_all()
+            return self._submitted
 
     @property
     def pending(self) -> int:
@@ -49,14 +57,23 @@ class ExchangeWorker:
         with self._cv:
             return len(self._todo) + self._busy
 
-    def wait_done(self, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) until no step is pending; True if none is. A gate waiting
-        for this rank's own update wakes here the moment the worker is done, not a poll later."""
+    def wait_done(self, timeout_s: float, ticket: Optional[int] = None) -> bool:
+        """Wait (at most ``timeout_s``) until the hand-off of ``ticket`` (default: every one) is
+        done; True if it is. A gate waiting for this rank's own update wakes here the moment the
+        worker has done it, not a poll later, and does not wait for what was handed over after it."""
         with self._cv:
-            return self._cv.wait_for(lambda: not self._unfinished(), timeout_s)
+            return self._cv.wait_for(lambda: not self._unfinished(ticket), timeout_s)
 
-    def _unfinished(self) -> bool:
-        """A step is running (it always ends, reported), or waits for a worker that still runs (lock held)."""
+    def done_through(self, ticket: int) -> bool:
+        """Whether the hand-offs through ``ticket`` are done (or will never run: failed, stopped)."""
+        with self._cv:
+            return not self._unfinished(ticket)
+
+    def _unfinished(self, ticket: Optional[int] = None) -> bool:
+        """A step (through ``ticket``) is running (it always ends, reported), or waits for a worker
+        that still runs (lock held)."""
+        if ticket is not None:
+            return self._done < ticket and (self._busy or not (self._failed or self._stopped))
         return self._busy or (bool(self._todo) and not self._failed and not self._stopped)
 
     def drain(self, timeout_s: float) -> None:
@@ -90,6 +107,7 @@ class ExchangeWorker:
             finally:
                 with self._cv:
                     self._busy = False
+                    self._done += 1
                     self._cv.notify_all()
             if self._failed:
                 return

@@ -5,7 +5,8 @@ Words used throughout (one action each):
 * announce: the rank declares the rows of one of its future steps (``push_lookahead``, or
   ``begin_step`` for a step that was not pushed). Steps are announced in order, at most L ahead.
 * publish: an announced step's rows are written into the rank's ring slot for their owners and
-  its PUBLISHED counter raised (``LookaheadRing.publish``): inline, or by the lookahead worker.
+  its PUBLISHED counter raised (``LookaheadRing.publish``): by the lookahead worker, handed over
+  to the exchange worker (in announce order among the updates), or inline.
 * ingest: an owner takes a step every rank has published into its window (the next host read of
   each row it owns) and gives the deferred rows that step reads a finite priority in the queue.
 
@@ -43,6 +44,7 @@ class LookaheadFeed:
         flusher: Flusher,
         control: Control,
         use_worker: bool,
+        hand_over: Optional[Callable[[Callable[[], None]], int]],
         guard: Callable[[Callable[[], object]], object],
         check_failed: Callable[[], None],
         on_failure: Callable[[BaseException], None],
@@ -52,7 +54,10 @@ class LookaheadFeed:
         self.window = window
         self.flusher = flusher
         self.control = control
-        self._guard = guard  # a publish on the training thread fails the rank, as any step would
+        # Without a lookahead worker: where a publish goes (the exchange worker's submit, which
+        # returns its ticket), or None for the training thread.
+        self._hand_over = hand_over
+        self._guard = guard  # a failing publish fails the rank, as any step would
         self._check_failed = check_failed
         self._next = 0  # the next step to announce
         self._pushed: Deque[Tuple[int, torch.Tensor]] = deque()  # announced by push, not begun
@@ -85,11 +90,12 @@ class LookaheadFeed:
         self._pushed.append((t, rows))
         self._announce(t, rows)
 
-    def begin(self, step: int, rows: torch.Tensor, owned: bool = False) -> None:
+    def begin(self, step: int, rows: torch.Tensor, owned: bool = False) -> Optional[int]:
         """Step ``step`` starts with ``rows``: they must be the ones pushed for it, if any were.
 
         ``owned``: nobody changes ``rows`` later (a plan's), so they need no copy; the very
-        tensor pushed for the step needs no comparison either.
+        tensor pushed for the step needs no comparison either. Returns the exchange worker's
+        ticket of the step's publish if it was handed over now (the step's gate waits for it).
         """
         if self._pushed:
             t, expected = self._pushed[0]
@@ -101,16 +107,21 @@ class LookaheadFeed:
                     f"({rows.numel()} rows trained, {expected.numel()} pushed)"
                 )
             self._pushed.popleft()
-        else:
-            self._next = step + 1
-            self._announce(step, rows if owned else rows.clone())
+            return None
+        self._next = step + 1
+        return self._announce(step, rows if owned else rows.clone())
 
-    def _announce(self, t: int, rows: torch.Tensor) -> None:
-        """Publish step t's rows to their owners: through the worker, or here and now."""
+    def _announce(self, t: int, rows: torch.Tensor) -> Optional[int]:
+        """Publish step t's rows to their owners: through the lookahead worker, handed over to
+        the exchange worker (returns its ticket), or here and now."""
         if self.worker is not None:
             self.worker.announce(t, rows.numpy())
         elif self.lookahead > 0:
-            self._guard(lambda: self.ring.publish(t, rows.numpy(), self.ingest_available))
+            publish = lambda: self._guard(lambda: self.ring.publish(t, rows.numpy(), self.ingest_available))  # noqa: E731
+            if self._hand_over is not None:
+                return self._hand_over(publish)
+            publish()
+        return None
 
     # ------------------------------------------------------------------ this rank as an owner
     def ingest_available(self, through: Optional[int] = None) -> bool:

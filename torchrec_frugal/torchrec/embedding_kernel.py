@@ -255,11 +255,10 @@ class FrugalStep:
         self._check_open()
         for g, b, grad in zip(self.groups, self.batches, grads):
             g.open_step = None
-            if get_gradient_division():
-                # TorchRec's sharded backward divides embedding gradients by the world size
-                # (comm_ops.GRADIENT_DIVISION), matching DDP's averaging of dense gradients.
-                grad = grad / g.engine.world_size
-            g.engine.apply_gradients(b.engine_rows, grad)
+            # TorchRec's sharded backward divides embedding gradients by the world size
+            # (comm_ops.GRADIENT_DIVISION), matching DDP's averaging of dense gradients; the
+            # engine divides off the training thread.
+            g.engine.apply_gradients(b.engine_rows, grad, g.engine.world_size if get_gradient_division() else 1)
 
     def close_without_update(self) -> None:
         self._check_open()

@@ -57,6 +57,7 @@ PLANNING_CALLS = (
     ("torchrec_frugal.engine", "FrugalEngine", "plan_step"),
     ("torchrec_frugal.engine", None, "plan_lookup"),
     ("torch", None, "unique"),
+    ("torchrec_frugal.torchrec.batch_planner", None, "snapshot"),  # the copy of a batch read
 )
 # What a step's update calls once backward handed its gradients over: the exchange worker's.
 EXCHANGE_CALLS = (
@@ -65,6 +66,7 @@ EXCHANGE_CALLS = (
     ("torchrec_frugal.owner_update", "OwnerUpdate", "apply"),
     ("torchrec_frugal.flusher", "Flusher", "flush_once"),
     ("torchrec_frugal.flusher", "Flusher", "flush_due"),
+    ("torchrec_frugal.lookahead_ring", "LookaheadRing", "publish"),  # the lookahead of a batch announced
 )
 # Host-reading aten ops of an id check, a unique or a comparison of batches.
 PLANNING_OPS = {"_unique2", "unique_dim", "unique_consecutive", "sort", "equal", "masked_select", "min", "max"}
@@ -352,6 +354,7 @@ def test_training_thread_plans_nothing(world2: List[Dict[str, Any]], steady: str
         assert seen["planner_calls"].get("group_rows", 0) >= 6 and seen["planner_calls"].get("plan_step", 0) >= 6
         # ... and the exchange worker the update.
         assert seen["exchange_calls"].get("sum_owned", 0) >= 6 and seen["exchange_calls"].get("apply", 0) >= 6
+        assert seen["exchange_calls"].get("publish", 0) >= 6 and seen["planner_calls"].get("snapshot", 0) >= 6
         assert not PLANNING_OPS & set(seen["ops"]), sorted(PLANNING_OPS & set(seen["ops"]))
 
 

@@ -1,26 +1,33 @@
-"""The planner of FrugalTrainPipeline: each batch read ahead is planned off the training thread.
+"""The planner of FrugalTrainPipeline: each batch read ahead is copied and planned off the training thread.
 
 A batch's plan (per frugal module, :meth:`FrugalShardedModuleMixin.plan_batch`: unique rows, id
 checks, static-cache hits, host reads, bag offsets, pooling weights, all moved to the device)
 depends only on the batch and on what is fixed once the engines are set up. So it is made as soon
 as the batch is read, steps before its forward, by one planner thread that takes batches in the
-order they were read. The training thread only copies the batch's ids (a loader may refill its
-buffers) and later hands the finished plan to the batch's forward. A batch that fails to plan
-(an id out of range) raises, with its cause, where the training thread asks for its plan.
+order they were read. The thread first copies each batch's ids (a loader may refill its buffers
+once it is asked for the next batch: the pipeline waits for that copy before it asks), and copies
+come before plans, so a planner busy with earlier plans does not hold the loader up. The
+training thread only hands the batch over and later hands the finished plan to the batch's
+forward. A batch that fails to plan (an id out of range) raises, with its cause, where the
+training thread asks for its plan.
 
-Modes: ``"thread"`` (the default), ``"inline"`` (the same plans made on the training thread when
-the batch is read, for comparison), ``"none"`` (no plans: each forward checks its batch against
-the one announced and computes its rows, as a plain training loop does).
+Modes: ``"thread"`` (the default), ``"inline"`` (the same copies and plans made on the training
+thread when the batch is read, for comparison), ``"none"`` (no plans: each forward checks its
+batch against the one announced and computes its rows, as a plain training loop does).
 """
 from __future__ import annotations
 
+import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import List, Optional, Sequence
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, List, Optional, Sequence
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..errors import FrugalError
 from .embedding_lookup import BatchPlan
 from .embedding_types import FrugalShardedModuleMixin
 
@@ -28,6 +35,9 @@ PLANNERS = ("thread", "inline", "none")
 
 ModulePlans = List[List[BatchPlan]]
 """Per frugal module (in the pipeline's order), per frugal lookup, the plan of one batch."""
+
+FeaturesOf = Callable[[FrugalShardedModuleMixin, Any], KeyedJaggedTensor]
+"""The KJT a frugal module receives of a batch as the data loader yields it."""
 
 
 def snapshot(features: KeyedJaggedTensor, pin: bool) -> KeyedJaggedTensor:
@@ -67,35 +77,116 @@ def plan_modules(modules: Sequence[FrugalShardedModuleMixin], features: Sequence
     return [m.plan_batch(_on_cpu(f)) for m, f in zip(modules, features)]
 
 
+@dataclass
+class PlanJob:
+    """One batch handed to the planner: ``copied`` is set once its ids are copied (or failed to
+    be), ``plans`` holds its plans or the error copying or planning raised."""
+
+    batch: Any
+    modules: List[FrugalShardedModuleMixin]
+    features_of: FeaturesOf
+    pin: bool
+    copied: threading.Event = field(default_factory=threading.Event)
+    plans: "Future[ModulePlans]" = field(default_factory=Future)
+    features: Optional[List[KeyedJaggedTensor]] = None
+
+    def copy(self) -> bool:
+        """Copy the batch's ids (:func:`snapshot`); False if that failed (the error is in ``plans``)."""
+        try:
+            self.features = [snapshot(self.features_of(m, self.batch), self.pin) for m in self.modules]
+            return True
+        except BaseException as e:
+            self.plans.set_exception(e)
+            return False
+        finally:
+            self.batch = None  # the loader's batch is not held a moment longer than needed
+            self.copied.set()
+
+    def plan(self) -> None:
+        assert self.features is not None
+        try:
+            self.plans.set_result(plan_modules(self.modules, self.features))
+        except BaseException as e:
+            self.plans.set_exception(e)
+        self.features = None
+
+
+class _PlannerThread:
+    """The planner's thread and its two queues: batches to copy first, then batches to plan."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._copies: Deque[PlanJob] = deque()
+        self._plans: Deque[PlanJob] = deque()
+        self._stopped = False
+        self.thread = threading.Thread(target=self._loop, name="frugal-planner", daemon=True)
+        self.thread.start()
+
+    def put(self, job: PlanJob) -> None:
+        with self._cv:
+            if self._stopped:
+                raise FrugalError("the batch planner is closed")
+            self._copies.append(job)
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._copies or self._plans or self._stopped):
+                    self._cv.wait()
+                if self._stopped:
+                    return
+                copy = bool(self._copies)
+                job = self._copies.popleft() if copy else self._plans.popleft()
+            if not copy:
+                job.plan()
+            elif job.copy():
+                with self._cv:
+                    self._plans.append(job)
+
+    def stop(self, wait: bool) -> None:
+        """Drop the batches not copied or planned yet (their plans are cancelled)."""
+        with self._cv:
+            self._stopped = True
+            for job in list(self._copies) + list(self._plans):
+                job.plans.cancel()
+                job.copied.set()
+            self._copies.clear()
+            self._plans.clear()
+            self._cv.notify_all()
+        if wait and self.thread is not threading.current_thread():
+            self.thread.join()
+
+
 class BatchPlanner:
-    """Plans batches in the order they are submitted: on one thread of its own, or inline."""
+    """Copies and plans batches in the order they are submitted: on a thread of its own, or inline."""
 
     def __init__(self, mode: str = "thread") -> None:
         if mode not in PLANNERS:
             raise ValueError(f"planner must be one of {PLANNERS}, got {mode!r}")
         self.mode = mode
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._thread: Optional[_PlannerThread] = None
         if mode == "thread":
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="frugal-planner")
-            self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+            self._thread = _PlannerThread()
+            self._finalizer = weakref.finalize(self, self._thread.stop, False)
 
     @property
     def enabled(self) -> bool:
         return self.mode != "none"
 
-    def submit(self, modules: Sequence[FrugalShardedModuleMixin], features: Sequence[KeyedJaggedTensor]) -> "Future[ModulePlans]":
-        """Plan one batch (``features``: snapshots, see :func:`snapshot`); the future holds the
-        plans, or the error planning raised."""
-        if self._pool is not None:
-            return self._pool.submit(plan_modules, list(modules), list(features))
-        done: "Future[ModulePlans]" = Future()
-        try:
-            done.set_result(plan_modules(modules, features))
-        except Exception as e:  # raised where the plan is asked for, as the thread's would be
-            done.set_exception(e)
-        return done
+    def submit(
+        self, modules: Sequence[FrugalShardedModuleMixin], batch: Any, features_of: FeaturesOf, pin: bool
+    ) -> PlanJob:
+        """Copy and plan one batch, ``features_of(m, batch)`` being what module ``m`` receives of
+        it (copies page-locked if ``pin``)."""
+        job = PlanJob(batch, list(modules), features_of, pin)
+        if self._thread is not None:
+            self._thread.put(job)
+        elif job.copy():
+            job.plan()
+        return job
 
     def close(self) -> None:
-        """Stop the thread once the plans submitted are made (they are dropped)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the thread once the job it runs is done (those not done are dropped)."""
+        if self._thread is not None:
+            self._thread.stop(wait=True)

@@ -5,14 +5,14 @@ the ids of the next L batches. This pipeline reads the data loader L batches ahe
 each batch's ids, in training order, to the engines of every frugal module it pipelines. Without
 it (a plain training loop) the engines stay exact: every write is flushed before it is read.
 
-Each batch is also planned as soon as it is read (:mod:`.batch_planner`: on a planner thread by
-default), and the pipeline hands the plan to that batch's forward, which then launches its
-gathers and pooling without reading the batch's ids on the host.
+Each batch is also copied and planned as soon as it is read (:mod:`.batch_planner`: on a planner
+thread by default; the loader is asked for the next batch once the copy is made), and the
+pipeline hands the plan to that batch's forward, which then launches its gathers and pooling
+without reading the batch's ids on the host.
 """
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
@@ -22,7 +22,8 @@ from torchrec.distributed.train_pipeline.pipeline_context import In, Out, TrainP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import check_int
-from .batch_planner import BatchPlanner, ModulePlans, snapshot
+from ..errors import FrugalError
+from .batch_planner import BatchPlanner, ModulePlans, PlanJob
 from .embedding_types import FrugalShardedModuleMixin
 
 
@@ -31,7 +32,10 @@ class _ReadBatch:
     """A batch read from the data loader, and its plan once the frugal modules are known."""
 
     batch: Any
-    plans: "Optional[Future[ModulePlans]]" = None
+    plans: Optional[PlanJob] = None
+
+
+_COPY_TIMEOUT_S = 300.0  # a batch's copy takes milliseconds: a planner this late is stuck
 
 
 class _LookaheadReader(Iterator[In]):
@@ -92,6 +96,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         self._ahead: Deque[_ReadBatch] = deque()  # read from the source, not yet handed to the pipeline
         self._unannounced: Deque[_ReadBatch] = deque()  # read, ids not yet announced (a suffix of all read)
         self._source_exhausted = False
+        self._last_read: Optional[_ReadBatch] = None  # the newest batch read from the source
         self._frugal: Optional[List[FrugalShardedModuleMixin]] = None
 
     def progress(self, dataloader_iter: Iterator[In]) -> Out:
@@ -138,11 +143,12 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         # Keep the current step's batch and the next L read (TorchRec itself holds up to 3).
         need = max(1, (self._window or 0) + 1 - len(self.batches))
         while len(self._ahead) < need and not self._source_exhausted:
+            self._wait_copied()  # the loader may refill the last batch's buffers once asked again
             batch = next(self._reader.source, None)
             if batch is None:
                 self._source_exhausted = True
                 break
-            entry = _ReadBatch(batch)
+            entry = self._last_read = _ReadBatch(batch)
             self._start_plan(entry)
             self._ahead.append(entry)
             if self._window is None or self._window > 0:  # None: model not traced yet
@@ -156,19 +162,24 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
 
     # ------------------------------------------------------------------ plans
     def _start_plan(self, entry: _ReadBatch) -> None:
-        """Submit ``entry``'s plan, once the frugal modules are known (batches read before the
-        model was traced are planned when first needed)."""
+        """Hand ``entry`` to the planner (copied, then planned), once the frugal modules are known
+        (batches read before the model was traced are planned when first needed)."""
         modules = self._frugal_modules()
         if entry.plans is not None or not self._planning or not modules:
             return
-        features = [snapshot(self._module_features(m, entry.batch), self._pin) for m in modules]
-        entry.plans = self._planner.submit(modules, features)
+        entry.plans = self._planner.submit(modules, entry.batch, self._module_features, self._pin)
+
+    def _wait_copied(self) -> None:
+        """Wait until the planner has copied the newest batch read (its plan may come later)."""
+        newest = self._last_read.plans if self._last_read is not None else None
+        if newest is not None and not newest.copied.wait(_COPY_TIMEOUT_S):
+            raise FrugalError(f"FrugalTrainPipeline: the planner did not copy a batch read within {_COPY_TIMEOUT_S:g} s")
 
     def _plans(self, entry: _ReadBatch) -> ModulePlans:
         """``entry``'s plans (waiting for the planner if it is behind); raises its planning error."""
         self._start_plan(entry)
         assert entry.plans is not None
-        return entry.plans.result()
+        return entry.plans.plans.result()
 
     def _planned_forward(self, model_forward: Callable[[Any], Tuple[torch.Tensor, Out]], batch: Any) -> Tuple[torch.Tensor, Out]:
         """TorchRec's forward of batches[0], with that batch's plans handed to the frugal modules."""

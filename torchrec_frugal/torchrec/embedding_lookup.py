@@ -51,6 +51,22 @@ class BatchPlan:
     stride: int
 
 
+def sample_major(lengths: torch.Tensor, num_features: int, stride: int, num_values: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(order, lengths) of a group's bags sample by sample: ``values[order]`` lists bag (b, f) at
+    position b * F + f, as TorchRec's pooled output [B, F d] lays them out, where a KJT lists
+    them feature by feature (``lengths``: F * B, feature-major). Pooling in this order writes the
+    output in place: no transpose of [F B, d] and none of its gradient."""
+    lengths = lengths.to(torch.int64)
+    starts = torch.zeros_like(lengths)
+    torch.cumsum(lengths[:-1], 0, out=starts[1:])
+    by_sample = lengths.view(num_features, stride).t().reshape(-1)
+    sample_starts = torch.zeros_like(by_sample)
+    torch.cumsum(by_sample[:-1], 0, out=sample_starts[1:])
+    shift = starts.view(num_features, stride).t().reshape(-1) - sample_starts
+    order = torch.repeat_interleave(shift, by_sample, output_size=num_values) + torch.arange(num_values, device=lengths.device)
+    return order, by_sample
+
+
 class AnnounceDist(Protocol):
     """Where a future batch's ids go before they reach the lookup (frugal_row_wise: the owning
     nodes, a collective), kept for its step once every module took the batch."""
@@ -195,9 +211,15 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                 if bool(mean.any()):
                     bag_mean = mean.repeat_interleave(stride).to(g_lengths.device)
                     scale = torch.where(bag_mean, 1.0 / g_lengths.clamp(min=1).to(torch.float32), 1.0)
-                    per_value = scale.repeat_interleave(g_lengths)
+                    per_value = scale.repeat_interleave(g_lengths, output_size=inverse.numel())
                     weights = per_value if weights is None else weights * per_value
-            batches.append(GroupBatch(rows, inverse.to(device), g_lengths, weights))
+            inverse = inverse.to(device)
+            if self._pooled and len(positions) > 1:  # pooled bags sample by sample: [B, F d] is a view
+                order, g_lengths = sample_major(g_lengths, len(positions), stride, inverse.numel())
+                order = order.to(inverse.device)
+                inverse = inverse[order]
+                weights = None if weights is None else weights[order.to(weights.device)]
+            batches.append(GroupBatch(rows, inverse, g_lengths, weights))
         return batches
 
     def lookahead_rows(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
@@ -330,11 +352,12 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                 mode="sum",
                 per_sample_weights=None if b.weights is None else b.weights.to(self._device, w.dtype),
                 include_last_offset=True,
-            )
-            if len(positions) == len(out):  # one group serves every feature, in order: [F B, d] -> [B, F d]
-                return pooled.view(len(out), stride, -1).transpose(0, 1).reshape(stride, -1)
-            for p, chunk in zip(positions, pooled.split(stride)):
-                out[p] = chunk
+            )  # [B F_g, d]: the bags sample by sample (``sample_major``)
+            if len(positions) == len(out):  # one group serves every feature, in order: [B, F d], no copy
+                return pooled.view(stride, -1)
+            per_feature = pooled.view(stride, len(positions), -1)
+            for j, p in enumerate(positions):
+                out[p] = per_feature[:, j]
         return torch.cat(out, dim=1)  # type: ignore[arg-type]
 
     def _sequence(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:

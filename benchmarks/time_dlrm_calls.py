@@ -10,10 +10,15 @@ across runs, e.g. L = 10 against L = 0:
 
 Rows: ``progress`` (the whole step), ``lookahead_rows`` / ``announce`` (a batch announced ahead:
 its unique rows, then the engines told), ``group_rows`` (a batch's unique rows, wherever computed),
-``lookup.plan`` (a batch planned ahead: on the planner thread unless ``--planner inline``),
-``lookup.forward``, ``backward``, ``optimizer.step`` and the engine's public calls. The timers
-count every thread's calls: ``lookup.plan`` and the ``group_rows`` inside it run beside the
-training thread with the default planner.
+``snapshot`` / ``plan.submit`` (the pipeline's copy of a batch read, handed to the planner),
+``lookup.plan`` (a batch planned ahead), ``lookup.forward``, ``pool`` (the pooling's
+``embedding_bag``), ``gate.wait``, ``backward``, ``optimizer.step`` and the engine's public calls.
+
+Each thread's calls are counted apart: the training thread's first, then the planner's, the
+exchange worker's, the loader's and the rest. The last line, ``frugal host work``, is the training
+thread's frugal calls less the gathers, the pooling and the waits (gate, planner): what planning
+ahead and the exchange worker are to take off it (``lookup.forward`` - ``engine.lookup`` - ``pool``
+- ``gate.wait`` + ``announce`` + ``engine.apply_gradients`` + ``snapshot`` + ``plan.submit``).
 """
 from __future__ import annotations
 
@@ -23,48 +28,78 @@ import functools
 import os
 import runpy
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, DefaultDict
+from typing import Any, Callable, DefaultDict, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from torchrec.optim.keyed import CombinedOptimizer  # noqa: E402
 
+import torchrec_frugal.torchrec.batch_planner as batch_planner  # noqa: E402
 from torchrec_frugal.engine import FrugalEngine  # noqa: E402
+from torchrec_frugal.gate import WAIT_GATE, Control  # noqa: E402
+from torchrec_frugal.torchrec.batch_planner import BatchPlanner  # noqa: E402
 from torchrec_frugal.torchrec.embedding_lookup import FrugalEmbeddingLookup  # noqa: E402
 from torchrec_frugal.torchrec.embedding_types import FrugalShardedModuleMixin  # noqa: E402
 from torchrec_frugal.torchrec.pipeline import FrugalTrainPipeline  # noqa: E402
 
-SECONDS: DefaultDict[str, float] = collections.defaultdict(float)
-CALLS: DefaultDict[str, int] = collections.defaultdict(int)
+Key = Tuple[str, str]  # (thread, label)
+SECONDS: DefaultDict[Key, float] = collections.defaultdict(float)
+CALLS: DefaultDict[Key, int] = collections.defaultdict(int)
+THREADS = ("training", "frugal-planner", "frugal-exchange", "frugal-lookahead", "frugal-flusher")
 
 
-def timed(owner: Any, name: str, label: str) -> None:
-    """Replace ``owner.name`` by the same call that adds its wall time to ``label``."""
+def thread_kind() -> str:
+    """The thread a call runs on: ``training``, or the name of a helper thread without its rank."""
+    t = threading.current_thread()
+    if t is threading.main_thread():
+        return "training"
+    return next((k for k in THREADS[1:] if t.name.startswith(k)), "other")
+
+
+def timed(owner: Any, name: str, label: str, when: Optional[Callable[..., bool]] = None) -> None:
+    """Replace ``owner.name`` by the same call that adds its wall time to ``label`` on the thread
+    it runs on (only the calls for which ``when(*args)`` holds, if given)."""
     fn: Callable[..., Any] = getattr(owner, name)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if when is not None and not when(*args):
+            return fn(*args, **kwargs)
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            SECONDS[label] += time.perf_counter() - t0
-            CALLS[label] += 1
+            key = (thread_kind(), label)
+            SECONDS[key] += time.perf_counter() - t0
+            CALLS[key] += 1
 
     setattr(owner, name, wrapper)
 
 
+def frugal_host_work_s() -> float:
+    """The training thread's frugal calls less the gathers, the pooling and the gate's waits."""
+    t = {label: sec for (thread, label), sec in SECONDS.items() if thread == "training"}
+    plus = ("lookup.forward", "announce", "engine.apply_gradients", "snapshot", "plan.submit")
+    return sum(t.get(k, 0.0) for k in plus) - sum(t.get(k, 0.0) for k in ("engine.lookup", "pool", "gate.wait"))
+
+
 def report() -> None:
-    steps = CALLS["progress"]
+    steps = CALLS[("training", "progress")]
     if os.environ.get("RANK", "0") != "0" or not steps:
         return
-    print(f"\nrank 0, {steps} steps: ms per step (calls per step)")
-    for label in sorted(SECONDS, key=lambda k: -SECONDS[k]):
-        print(f"  {label:<28} {1e3 * SECONDS[label] / steps:8.3f}  ({CALLS[label] / steps:.2f})")
+    print(f"\nrank 0, {steps} steps: ms per step (calls per step), by thread")
+    kinds = sorted({k for k, _ in SECONDS}, key=lambda k: THREADS.index(k) if k in THREADS else len(THREADS))
+    for kind in kinds:
+        print(f"[{kind}]")
+        for key in sorted((k for k in SECONDS if k[0] == kind), key=lambda k: -SECONDS[k]):
+            print(f"  {key[1]:<28} {1e3 * SECONDS[key] / steps:8.3f}  ({CALLS[key] / steps:.2f})")
+    print(f"frugal host work (training thread, less gathers, pooling, gate waits) {1e3 * frugal_host_work_s() / steps:.3f}")
 
 
 def main() -> None:
@@ -75,6 +110,10 @@ def main() -> None:
     timed(FrugalEmbeddingLookup, "group_rows", "group_rows")
     timed(FrugalEmbeddingLookup, "forward", "lookup.forward")
     timed(FrugalEmbeddingLookup, "plan", "lookup.plan")
+    timed(batch_planner, "snapshot", "snapshot")
+    timed(BatchPlanner, "submit", "plan.submit")
+    timed(F, "embedding_bag", "pool")
+    timed(Control, "wait", "gate.wait", when=lambda control, what, *rest: what == WAIT_GATE)
     for name in ("push_lookahead", "begin_step", "lookup", "apply_gradients"):
         timed(FrugalEngine, name, "engine." + name)
     timed(torch.Tensor, "backward", "backward")

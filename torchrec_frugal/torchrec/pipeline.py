@@ -140,8 +140,11 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
     def _next_read_batch(self) -> In:
         assert self._reader is not None
         self._frugal_modules()
-        # Keep the current step's batch and the next L read (TorchRec itself holds up to 3).
-        need = max(1, (self._window or 0) + 1 - len(self.batches))
+        # Keep the current step's batch and the next L read (TorchRec itself holds up to 3), and
+        # with a planner thread one more: the batch announced next is then planned during the
+        # step before, not waited for when it is read.
+        ahead = 1 if self._planning and self._planner.mode == "thread" else 0
+        need = max(1, (self._window or 0) + 1 + ahead - len(self.batches))
         while len(self._ahead) < need and not self._source_exhausted:
             self._wait_copied()  # the loader may refill the last batch's buffers once asked again
             batch = next(self._reader.source, None)

@@ -1,12 +1,17 @@
 """KGE scores, losses, the sharding-independent init and the rank-independent sampler."""
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from examples.graph.models import (
     MODELS,
+    KGBatch,
     KGEConfig,
     kge_loss,
     query,
@@ -123,3 +128,42 @@ def test_sampler_rejects_uneven_split() -> None:
     train = torch.zeros(10, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match="multiple of 16"):
         ChunkedNegativeSampler(train, 5, batch_size=24, chunk_size=8, negatives=2, world_size=2)
+
+
+def assert_same_batch(a: KGBatch, b: KGBatch) -> None:
+    assert a.entities.keys() == b.entities.keys() and a.entities.stride() == b.entities.stride()
+    for x, y in (
+        (a.entities.values(), b.entities.values()),
+        (a.entities.lengths(), b.entities.lengths()),
+        (a.entities.offsets(), b.entities.offsets()),
+        (a.relations, b.relations),
+        (a.sign, b.sign),
+    ):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    assert (a.chunk_size, a.negatives) == (b.chunk_size, b.negatives)
+
+
+def test_loader_workers_make_the_training_threads_batches() -> None:
+    """DataLoader workers (the example's --loader-workers) make the batches the training thread
+    makes, in order, from a start offset (a resumed run) and across an epoch's end; they draw no
+    number from the global RNG, need only a picklable sampler, and end with the iterator."""
+    g = torch.Generator().manual_seed(0)
+    train = torch.stack([torch.randint(0, 50, (300,), generator=g), torch.randint(0, 4, (300,), generator=g), torch.randint(0, 50, (300,), generator=g)], 1)
+    sampler = ChunkedNegativeSampler(train, 50, batch_size=64, chunk_size=8, negatives=5, world_size=2, seed=1)
+    inline = list(sampler.batches(1, 7, start=3))  # steps 3..9: epochs 0, 1 and 2 (300 triples, 64 a step)
+    children = set(multiprocessing.active_children())
+    rng = torch.random.get_rng_state()
+    made = list(sampler.batches(1, 7, start=3, workers=2))
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert set(multiprocessing.active_children()) == children
+    assert len(made) == len(inline) == 7
+    copy = pickle.loads(pickle.dumps(sampler))  # what a spawned or forkserver worker gets
+    for step, (a, b) in enumerate(zip(inline, made), start=3):
+        assert_same_batch(a, b)
+        assert_same_batch(a, copy.rank_batch(step, 1))
+    assert float(made[0].sign) == -1.0 and float(made[1].sign) == 1.0  # step 3 corrupts heads
+    partial = sampler.batches(1, 7, start=3, workers=1)
+    assert_same_batch(next(partial), inline[0])
+    del partial  # as train.py ends: its workers stop
+    gc.collect()
+    assert set(multiprocessing.active_children()) == children

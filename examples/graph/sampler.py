@@ -6,6 +6,11 @@ chunked sampler draws them). Steps alternate between corrupting tails and heads.
 ``W`` takes chunks ``r * B / (k W) ...``: the data a step trains on does not depend on the number
 of ranks, so one process and ``W`` ranks see the same triples and negatives (and, with TorchRec's
 gradient division, take the same steps).
+
+Batches are functions of (seed, step, rank), so any process can make any of them:
+:meth:`ChunkedNegativeSampler.batches` can make them in DataLoader worker processes, ahead of use
+and off the training thread, and a run resumed at step ``s`` gets the batches an uninterrupted run
+gets from there.
 """
 from __future__ import annotations
 
@@ -85,12 +90,39 @@ class ChunkedNegativeSampler:
         anchors, trues = (mine[:, 2], mine[:, 0]) if corrupt_heads else (mine[:, 0], mine[:, 2])
         return make_batch(anchors, mine[:, 1], trues, negatives[rank * c : (rank + 1) * c], corrupt_heads)
 
-    def batches(self, rank: int, steps: int, start: int = 0) -> Iterator[KGBatch]:
-        for step in range(start, start + steps):
-            yield self.rank_batch(step, rank)
+    def batches(self, rank: int, steps: int, start: int = 0, workers: int = 0, pin: bool = False) -> Iterator[KGBatch]:
+        """Rank ``rank``'s batches of steps ``start .. start + steps - 1``, in order.
+
+        With ``workers`` > 0 they are made by that many DataLoader worker processes, ahead of use
+        and off the training thread, as a real input pipeline makes them; the batches and their
+        order are the same. The workers start here, so call this before the training process
+        starts threads of its own. ``pin``: batches come in page-locked memory (for an
+        asynchronous copy to an accelerator).
+        """
+        if workers > 0:
+            # A generator of its own: the workers' seeds must not be drawn from the global RNG, so
+            # the rest of the run draws from it what a run without workers draws.
+            return iter(torch.utils.data.DataLoader(
+                _RankSteps(self, rank, start, steps), batch_size=None, num_workers=workers, prefetch_factor=4,
+                pin_memory=pin, generator=torch.Generator().manual_seed(0),
+            ))  # fmt: skip
+        return (self.rank_batch(step, rank) for step in range(start, start + steps))
 
     def presample_counts(self, rank: int, steps: int) -> Dict[str, torch.Tensor]:
         """How often each entity is read in this rank's first ``steps`` batches (Frugal's hot rows)."""
         counts = count_ids(([b.entities.values()] for b in self.batches(rank, steps)), [self.num_entities])
         return {ENTITY_TABLE: counts[0]}
 
+
+class _RankSteps(torch.utils.data.Dataset):
+    """One rank's batches of steps ``start .. start + steps - 1``, by index, for DataLoader workers
+    (picklable: the sampler holds tensors and ints only)."""
+
+    def __init__(self, sampler: ChunkedNegativeSampler, rank: int, start: int, steps: int) -> None:
+        self.sampler, self.rank, self.start, self.steps = sampler, rank, start, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int) -> KGBatch:
+        return self.sampler.rank_batch(self.start + i, self.rank)

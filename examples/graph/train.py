@@ -16,6 +16,10 @@ the number of ranks (see ``sampler.py``); every table starts from a sharding-ind
 init. So one process and N ranks train on the same data from the same start, and with TorchRec's
 gradient division take the same steps: their MRR agrees (tests check the parameters).
 
+``--loader-workers N`` (default 1) DataLoader worker processes make the batches ahead, off the
+training thread, in page-locked memory on CUDA, as a TorchRec input pipeline does; 0 makes them on
+the training thread. The batches and their order are the same, so the trained tables are too.
+
 ``samples_per_second`` counts positive triples per second after ``--warmup`` steps, all ranks
 together. Evaluation: filtered MRR and Hits@1/3/10 on the test split (``--eval-split``), each test
 triple ranked against every entity for both its head and its tail (``evaluate.py``).
@@ -232,6 +236,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=512, help="positive triples per step, all ranks together")
     p.add_argument("--chunk-size", type=int, default=64, help="positives that share one set of negatives")
     p.add_argument("--negatives", type=int, default=64, help="negatives per chunk")
+    p.add_argument("--loader-workers", type=int, default=1,
+                   help="worker processes that make batches ahead, off the training thread (0: on it)")
     p.add_argument("--lr", type=float, default=0.1, help="entity table (fused row-wise Adagrad)")
     p.add_argument("--relation-lr", type=float, default=0.1, help="relations (Adagrad)")
     p.add_argument("--steps", type=int, default=1000)
@@ -260,6 +266,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     check_hardware(p, args)
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
+    if args.loader_workers < 0:
+        p.error("--loader-workers must be >= 0")
     if args.dataset == "tsv" and not args.data_path:
         p.error("--dataset tsv needs --data-path")
     return args
@@ -313,6 +321,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     ckpt = checkpointing.Checkpointer(args.checkpoint_dir, args.checkpoint_every, args.checkpoint_keep)
     resume = ckpt.resume_point(args.steps)
     start = resume[0] if resume else 0
+    # Batches are functions of (seed, step): a resumed run trains on what an uninterrupted one does.
+    # Made here, before the model: the loader's workers fork before Frugal's engines and pipeline
+    # start threads (and map shared memory).
+    pin = torch.cuda.is_available() and args.loader_workers > 0
+    batches = sampler.batches(rank, args.steps - start, start=start, workers=args.loader_workers, pin=pin)
     t_setup = time.perf_counter()
     model = KGEModel(entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device)
     dmp, plan_info = shard(args, model, sampler, rank, device, ckpt.data_parallel_wrapper())
@@ -329,8 +342,6 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
 
-    # Batches are functions of (seed, step): a resumed run trains on what an uninterrupted one does.
-    batches = sampler.batches(rank, args.steps - start, start=start)
     bar = progress_bar(rank, args)
     if bar is not None:
         bar.update(start)

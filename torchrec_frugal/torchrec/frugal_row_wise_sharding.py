@@ -212,6 +212,11 @@ class FrugalRowWiseEmbeddingSharding(FrugalEmbeddingSharding[C]):
         the owning nodes when they are announced, and their steps reuse what was sent."""
         return {"pg": self._nodes.intra, "checkpoint_pg": self._env.process_group, "announce_dist": self.announced_inputs}
 
+    def _engine_ranks(self) -> int:
+        """The node's ranks: its engine divides the rows' summed gradients by them, the output
+        dist's backward by the nodes."""
+        return self._nodes.local_size
+
 
 class FrugalRowWisePooledEmbeddingSharding(FrugalRowWiseEmbeddingSharding[EmbeddingShardingContext]):
     """frugal_row_wise sharding of EmbeddingBagCollection tables: partial pooled sums per node,
@@ -219,8 +224,8 @@ class FrugalRowWisePooledEmbeddingSharding(FrugalRowWiseEmbeddingSharding[Embedd
 
     pooled = True
 
-    def create_output_dist(
-        self, device: Optional[torch.device] = None
+    def _stock_output_dist(
+        self, device: Optional[torch.device]
     ) -> BaseEmbeddingDist[EmbeddingShardingContext, torch.Tensor, torch.Tensor]:
         return RwPooledEmbeddingDist(self._nodes.cross, embedding_dims=self.embedding_dims())
 
@@ -231,8 +236,8 @@ class FrugalRowWiseSequenceEmbeddingSharding(FrugalRowWiseEmbeddingSharding[Sequ
 
     pooled = False
 
-    def create_output_dist(
-        self, device: Optional[torch.device] = None
+    def _stock_output_dist(
+        self, device: Optional[torch.device]
     ) -> BaseEmbeddingDist[SequenceShardingContext, torch.Tensor, torch.Tensor]:
         return RwSequenceEmbeddingDist(
             self._nodes.cross, len(self.feature_names()), device if device is not None else self._device

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Uni
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -54,6 +55,7 @@ from ..profiles import HardwareProfile
 from .checkpoint import row_layout
 from .embedding import FrugalEmbeddingCollectionSharder
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder
+from .fused_params import frugal_fused_params, output_params, table_fused_params
 from .patches import frugal_row_bytes
 from .plan_choice import TableCandidates, choose, hardware_profile
 from .stats import FrugalCostStats
@@ -122,6 +124,22 @@ def frugal_row_wise(cache_ratio: Optional[float] = None) -> ParameterShardingGen
         cache_ratio: per-rank cache ratio of the node's block (default: the sharder's FrugalConfig).
     """
     return _frugal_generator(FRUGAL_ROW_WISE, cache_ratio)
+
+
+def check_fused_params(module: nn.Module, sharders: List[ModuleSharder[nn.Module]], plan: ShardingPlan) -> None:
+    """Raise ValueError, naming the key, its value and the table, if a table ``plan`` puts on a
+    frugal type has fused_params frugal tables do not honour: what the sharder would refuse."""
+    by_type = {sharder_name(s.module_type): s for s in sharders}
+    for path, module_plan in plan.plan.items():
+        sharder = by_type[sharder_name(type(module.get_submodule(path)))]
+        for kind in FRUGAL_TYPES:
+            tables = {
+                name: frugal_fused_params(table_fused_params(sharder.fused_params, ps), name)
+                for name, ps in module_plan.items()  # type: ignore[attr-defined]
+                if ps.sharding_type == kind
+            }
+            if tables:
+                output_params(tables)
 
 
 class FrugalShardingPlanner(EmbeddingShardingPlanner):
@@ -214,19 +232,30 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         pg: Optional[dist.ProcessGroup] = None,
     ) -> ShardingPlan:
         sharders = sharders if sharders is not None else self._default_sharders()
-        plan = super().collective_plan(module, sharders, pg)
+        group = pg if pg is not None else dist.GroupMember.WORLD
+        # Rank 0 plans (TorchRec's collective_plan); the fused params are checked after the
+        # broadcast, on every rank, so that a refusal stops every rank, not rank 0 alone.
+        plan = invoke_on_rank_and_broadcast_result(group, 0, self._plan, module, sharders)
         self._sharders = sharders
         if self._hardware is not None:  # rank 0 planned: every rank takes its choice
-            group = pg if pg is not None else dist.GroupMember.WORLD
             chosen = [(self.cache_ratio, self.lookahead, self.predicted)]
             dist.broadcast_object_list(chosen, src=dist.get_global_rank(group, 0), group=group)
             self.cache_ratio, self.lookahead, self.predicted = chosen[0]
             self._set_lookahead()
+        check_fused_params(module, sharders, plan)
         return plan
 
     def plan(self, module: nn.Module, sharders: Optional[List[ModuleSharder[nn.Module]]] = None) -> ShardingPlan:
+        """TorchRec's plan, refused (ValueError naming the key, its value and the table) if a frugal
+        table's fused_params hold a key that frugal tables do not honour."""
         if sharders is None:
             sharders = self._default_sharders()
+        plan = self._plan(module, sharders)
+        check_fused_params(module, sharders, plan)
+        return plan
+
+    def _plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
+        """TorchRec's plan under the frugal constraints, then the lookahead chosen (unchecked)."""
         self._sharders = sharders
         self.cache_ratio, self.lookahead, self.predicted, self._choice = None, None, {}, None
         self._cost_stats.prediction = None

@@ -11,8 +11,9 @@ across runs, e.g. L = 10 against L = 0:
 Rows: ``progress`` (the whole step), ``lookahead_rows`` / ``announce`` (a batch announced ahead:
 its unique rows, then the engines told), ``group_rows`` (a batch's unique rows, wherever computed),
 ``snapshot`` / ``plan.submit`` (the pipeline's copy of a batch read, handed to the planner),
-``lookup.plan`` (a batch planned ahead), ``lookup.forward``, ``pool`` (the pooling's
-``embedding_bag``), ``gate.wait``, ``backward``, ``optimizer.step`` and the engine's public calls.
+``lookup.plan`` (a batch planned ahead), ``plan.wait`` (the training thread waiting for a plan),
+``lookup.forward``, ``pool`` (the pooling's ``embedding_bag``), ``gate.wait``, ``backward``,
+``optimizer.step`` and the engine's public calls.
 
 Each thread's calls are counted apart: the training thread's first, then the planner's, the
 exchange worker's, the loader's and the rest. The last line, ``frugal host work``, is the training
@@ -30,6 +31,7 @@ import runpy
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, DefaultDict, Optional, Tuple
 
@@ -41,6 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 from torchrec.optim.keyed import CombinedOptimizer  # noqa: E402
 
 import torchrec_frugal.torchrec.batch_planner as batch_planner  # noqa: E402
+import torchrec_frugal.torchrec.pipeline as frugal_pipeline  # noqa: E402
 from torchrec_frugal.engine import FrugalEngine  # noqa: E402
 from torchrec_frugal.gate import WAIT_GATE, Control  # noqa: E402
 from torchrec_frugal.torchrec.batch_planner import BatchPlanner  # noqa: E402
@@ -110,7 +113,10 @@ def main() -> None:
     timed(FrugalEmbeddingLookup, "group_rows", "group_rows")
     timed(FrugalEmbeddingLookup, "forward", "lookup.forward")
     timed(FrugalEmbeddingLookup, "plan", "lookup.plan")
-    timed(batch_planner, "snapshot", "snapshot")
+    for module in (batch_planner, frugal_pipeline):  # where the copy of a batch is called from
+        if hasattr(module, "snapshot"):
+            timed(module, "snapshot", "snapshot")
+    timed(Future, "result", "plan.wait")  # the pipeline's futures are its batches' plans
     timed(BatchPlanner, "submit", "plan.submit")
     timed(F, "embedding_bag", "pool")
     timed(Control, "wait", "gate.wait", when=lambda control, what, *rest: what == WAIT_GATE)

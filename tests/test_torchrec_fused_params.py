@@ -229,8 +229,26 @@ def first_output(dmp: nn.Module) -> torch.Tensor:
     return model.first
 
 
+def with_unused_feature(batch: Any) -> Any:
+    """``batch`` whose KJT also carries a feature no table serves (first, so the served ones move)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    kjt = batch.sparse_features
+    stride = kjt.stride()
+    lengths = torch.full((stride,), 2, dtype=kjt.lengths().dtype)
+    unused = torch.arange(2 * stride, dtype=kjt.values().dtype) + 10**9  # out of every table's range
+    batch.sparse_features = KeyedJaggedTensor(
+        keys=["unused"] + kjt.keys(),
+        values=torch.cat([unused, kjt.values()]),
+        lengths=torch.cat([lengths, kjt.lengths()]),
+        stride=stride,
+    )
+    return batch
+
+
 def run_training(
-    sharding: str, fused_params: Dict[str, Any], model_kind: str, cast: Optional[torch.dtype] = None
+    sharding: str, fused_params: Dict[str, Any], model_kind: str, cast: Optional[torch.dtype] = None,
+    unused_feature: bool = False,
 ) -> Dict[str, Any]:
     """Losses per step, the first step's embeddings (dtype and values) and the final tables (rank 0)."""
     dmp, optimizer, key = build(sharding, fused_params, model_kind, cast)
@@ -244,6 +262,8 @@ def run_training(
         shapes = table_shapes(model_kind)
     losses = []
     for batch in batches:
+        if unused_feature:
+            batch = with_unused_feature(batch)
         optimizer.zero_grad()
         loss, _ = dmp(batch)
         loss.backward()
@@ -320,6 +340,8 @@ def _scenarios() -> Dict[str, Tuple[str, Dict[str, Any], str, Optional[torch.dty
 def _all(rank: int, world: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {name: run_training(*args) for name, args in _scenarios().items()}
     out["refusals"] = run_refusals()
+    for sharding in ("frugal", "table_wise"):  # a KJT with a feature no table serves
+        out[f"unused_feature_{sharding}"] = run_training(sharding, fused("adagrad"), "variants", unused_feature=True)
     return out
 
 
@@ -376,6 +398,11 @@ def test_gradient_clipping_matches_stock(world2: List[Dict[str, Any]], frugal: s
     assert_same_training(world2, frugal, stock)
     _, update = differences(world2, unclipped, stock)
     assert update > 0.1, f"max_gradient={MAX_GRADIENT} does not bite ({unclipped} vs {stock}: {update:.3g})"
+
+
+def test_a_feature_no_table_serves_is_ignored_as_stock_ignores_it(world2: List[Dict[str, Any]]) -> None:
+    assert_same_training(world2, "unused_feature_frugal", "unused_feature_table_wise")
+    assert_same_training(world2, "unused_feature_frugal", "adagrad_tw")  # as if the feature were not there
 
 
 def test_fp16_output_matches_stock(world2: List[Dict[str, Any]]) -> None:

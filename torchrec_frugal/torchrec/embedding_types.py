@@ -72,14 +72,10 @@ def customized_kernel_for_frugal(params: Dict[str, ParameterSharding]) -> Dict[s
 
 
 def check_features(features: KeyedJaggedTensor, served: Iterable[str], module: str) -> None:
-    """Raise if the KJT carries a feature no table of the module serves, or lacks one it needs."""
+    """Raise if the KJT lacks a feature the module's tables serve. Features no table serves are
+    ignored, as stock TorchRec's input dist ignores them (it selects the features it serves)."""
     served_set = set(served)
     keys = features.keys()
-    extra = [k for k in keys if k not in served_set]
-    if extra:
-        raise FrugalInputError(
-            f"{module}: no table serves feature(s) {extra}; served features are {sorted(served_set)}"
-        )
     missing = sorted(served_set - set(keys))
     if missing:
         raise FrugalInputError(f"{module}: the input lacks feature(s) {missing} that its tables serve")

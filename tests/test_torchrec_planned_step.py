@@ -89,10 +89,11 @@ def config(lookahead: int, exchange_worker: bool = True) -> Any:
     return FrugalConfig(lookahead=lookahead, cache_ratio=0.05, exchange_worker=exchange_worker)
 
 
-def batches_of(kind: str, rows: List[int], refill: bool = False) -> Iterator[Any]:
+def batches_of(kind: str, rows: List[int], refill: bool = False, unused_feature: bool = False) -> Iterator[Any]:
     """This rank's STEPS batches. ``refill``: a loader that reuses its buffers: once it made the
     next batch, the ids of the one it yielded before are overwritten in place (with other valid
-    ids), as a loader refilling page-locked buffers does."""
+    ids), as a loader refilling page-locked buffers does. ``unused_feature``: each KJT also
+    carries, first, a feature no table serves (ids outside every table)."""
     if "variants" in kind:
         data: Any = VariantBatches(dist.get_rank(), kind == "weighted_variants")
     else:
@@ -103,6 +104,16 @@ def batches_of(kind: str, rows: List[int], refill: bool = False) -> Iterator[Any
         if refill and previous is not None:
             previous.sparse_features.values().zero_()  # id 0: valid in every table
         previous = batch
+        if unused_feature:
+            from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+            kjt, stride = batch.sparse_features, batch.sparse_features.stride()
+            batch.sparse_features = KeyedJaggedTensor(
+                keys=["unused"] + kjt.keys(),
+                values=torch.cat([torch.full((stride,), 10**9, dtype=kjt.values().dtype), kjt.values()]),
+                lengths=torch.cat([torch.ones(stride, dtype=kjt.lengths().dtype), kjt.lengths()]),
+                stride=stride,
+            )
         yield batch
 
 
@@ -121,6 +132,7 @@ def train_with(
     update_delay_s: float = 0.0,
     exchange_worker: bool = True,
     refill: bool = False,
+    unused_feature: bool = False,
 ) -> Dict[str, Any]:
     """Losses and final tables of STEPS pipelined steps. ``plan_delay_s``: every plan made that
     much later (a planner lagging behind the training thread); ``update_delay_s``: every owner
@@ -136,18 +148,19 @@ def train_with(
     if update_delay_s:
         OwnerUpdate.apply = lambda self, *a: time.sleep(update_delay_s) or apply(self, *a)  # type: ignore[method-assign]
     try:
-        return _train_with(planner, kind, lookahead, rows, exchange_worker, refill)
+        return _train_with(planner, kind, lookahead, rows, exchange_worker, refill, unused_feature)
     finally:
         FrugalEmbeddingLookup.plan, OwnerUpdate.apply = plan, apply  # type: ignore[method-assign]
 
 
 def _train_with(
-    planner: str, kind: str, lookahead: int, rows: List[int], exchange_worker: bool, refill: bool = False
+    planner: str, kind: str, lookahead: int, rows: List[int], exchange_worker: bool, refill: bool = False,
+    unused_feature: bool = False,
 ) -> Dict[str, Any]:
     world = dist.get_world_size()
     dmp, opt, key = build(world, "frugal", "adagrad", kind, rows, config=config(lookahead, exchange_worker))
     pipe = pipeline(dmp, opt, planner)
-    source = batches_of(kind, rows, refill)
+    source = batches_of(kind, rows, refill, unused_feature)
     losses = []
     while True:
         try:
@@ -292,6 +305,7 @@ def _rank_main(rank: int, world: int) -> Dict[str, Any]:
     for name in ("dlrm_L6", "dlrm_L0"):
         kind, lookahead, rows = SETUPS[name]
         out[(name, "refilling_loader")] = train_with("thread", kind, lookahead, rows, refill=True)
+    out[("dlrm_L6", "unused_feature")] = train_with("thread", "dlrm", 6, TABLE_ROWS, unused_feature=True)
     for name in ("dlrm_L6", "dlrm_L0", "mean_variants"):  # the update on the training thread, inside backward
         kind, lookahead, rows = SETUPS[name]
         out[(name, "inline_exchange")] = train_with("none", kind, lookahead, rows, exchange_worker=False)
@@ -337,6 +351,11 @@ def test_a_loader_that_refills_its_buffers_trains_as_a_fresh_one(world2: List[Di
     """A batch is planned from a copy of its ids taken when it was read: a loader may then refill
     the buffers it yielded (the dense features here stay as they were)."""
     assert_bit_identical(world2, (setup, "refilling_loader"), (setup, "none"))
+
+
+def test_a_feature_no_table_serves_is_ignored_through_the_pipeline(world2: List[Dict[str, Any]]) -> None:
+    """Planned, announced and trained as if the batch did not carry it (as stock TorchRec ignores it)."""
+    assert_bit_identical(world2, ("dlrm_L6", "unused_feature"), ("dlrm_L6", "none"))
 
 
 @pytest.mark.parametrize("setup", ["dlrm_L6", "dlrm_L0", "mean_variants"])

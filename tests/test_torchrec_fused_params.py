@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -139,7 +139,7 @@ def build(
     """A DMP-wrapped model, its CombinedOptimizer and its tables' key prefix.
 
     sharding: "frugal" or "frugal_row_wise" (their plan generators), "planner"
-    (FrugalShardingPlanner.collective_plan), or TorchRec's "table_wise" or "row_wise" through its
+    (FrugalShardingPlanner.collective_plan; "planner_only_frugal": every table constrained to frugal), or TorchRec's "table_wise" or "row_wise" through its
     own sharder. model_kind: "variants", "weighted_variants" (PooledModel) or "ec" (SequenceModel).
     table_output_dtype: per table, the plan's ParameterSharding.output_dtype. in_backward: the
     kwargs of an SGD that apply_optimizer_in_backward gives table t1 of a pooled model. data_type:
@@ -190,8 +190,12 @@ def build(
             else FrugalEmbeddingBagCollectionSharder(fused_params=fused_params, config=config)
         )
     world = dist.get_world_size()
-    if sharding == "planner":
-        planner = FrugalShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"), batch_size=BATCH)
+    if sharding in ("planner", "planner_only_frugal"):
+        from torchrec.distributed.planner import ParameterConstraints
+
+        only = {n: ParameterConstraints(sharding_types=["frugal"]) for n in names} if sharding.endswith("frugal") else None
+        topology = Topology(world_size=world, compute_device="cpu")
+        planner = FrugalShardingPlanner(topology=topology, batch_size=BATCH, constraints=only)
         plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
     else:
         gen = {
@@ -308,7 +312,9 @@ def run_refusals() -> Dict[str, Optional[Tuple[str, str]]]:
             "frugal", fused("sgd"), "variants", in_backward={"lr": LR, "weight_decay": 0.01}
         ),
         "shard_fp16_weights": lambda: build("frugal", fused("sgd"), "variants", data_type=DataType.FP16),
-        "plan_weight_decay_mode": lambda: build("planner", fused("adagrad", weight_decay_mode=2), "weighted_variants"),
+        "plan_weight_decay_mode": lambda: build(
+            "planner_only_frugal", fused("adagrad", weight_decay_mode=2), "weighted_variants"
+        ),
     }
     return {name: refusal(fn) for name, fn in cases.items()}
 
@@ -462,25 +468,37 @@ def test_unhonoured_fused_params_are_refused_by_name(
 # In one process: each key's status, and the planner's refusals (plan() needs no process group).
 
 
-def small_ebc() -> nn.Module:
+def small_ebc(data_types: Sequence[Any] = ()) -> nn.Module:
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
     return EmbeddingBagCollection(
         tables=[
-            EmbeddingBagConfig(name=f"t{t}", embedding_dim=DIM, num_embeddings=1000, feature_names=[f"f{t}"])
-            for t in range(2)
+            EmbeddingBagConfig(name=f"t{t}", embedding_dim=DIM, num_embeddings=1000, feature_names=[f"f{t}"], **kw)
+            for t, kw in enumerate([{"data_type": d} for d in data_types] or [{}, {}])
         ],
         device=torch.device("meta"),
     )
 
 
-def plan_small(fused_params: Dict[str, Any], constraints: Optional[Dict[str, Any]] = None) -> Any:
+def plan_small(
+    fused_params: Dict[str, Any], constraints: Optional[Dict[str, Any]] = None, data_types: Sequence[Any] = ()
+) -> Any:
     from torchrec.distributed.planner import Topology
 
     from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder, FrugalShardingPlanner
 
     planner = FrugalShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), constraints=constraints)
-    return planner.plan(small_ebc(), [FrugalEmbeddingBagCollectionSharder(fused_params=fused_params)])
+    return planner.plan(small_ebc(data_types), [FrugalEmbeddingBagCollectionSharder(fused_params=fused_params)])
+
+
+def test_the_planner_plans_a_table_of_fp16_weights_stock() -> None:
+    """Free, the table of FP16 weights goes to a stock type (the frugal sharder refuses it) and the
+    FP32 one to frugal."""
+    from torchrec.modules.embedding_configs import DataType
+
+    plan = plan_small(fused("sgd"), data_types=[DataType.FP16, DataType.FP32])
+    kinds = {name: ps.sharding_type for name, ps in plan.plan[""].items()}
+    assert kinds["t1"] == "frugal" and kinds["t0"] not in ("frugal", "frugal_row_wise"), kinds
 
 
 def test_each_key_is_honoured_accepted_or_refused() -> None:
@@ -523,14 +541,23 @@ def test_each_key_is_honoured_accepted_or_refused() -> None:
         assert any(w in str(e.value) for w in words.split("|")), str(e.value)
 
 
-def test_the_planner_refuses_what_frugal_tables_do_not_honour() -> None:
-    """Refused when planned frugal (a key, a per-table output dtype that differs from the other
-    tables'); the same keys on tables constrained to a stock type are TorchRec's business."""
+def test_the_planner_refuses_what_frugal_tables_do_not_honour(caplog: pytest.LogCaptureFixture) -> None:
+    """A free table the frugal sharder would refuse goes to TorchRec's best stock type, with one log
+    line naming the table and the reason; constrained to frugal it is refused (a key, a per-table
+    output dtype that differs from the other tables'); the same keys on tables constrained to a
+    stock type are TorchRec's business."""
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.modules.embedding_configs import DataType
 
+    with caplog.at_level("WARNING", logger="torchrec_frugal.torchrec.planner"):
+        plan = plan_small(fused("adagrad", max_norm=0.5))
+    assert all(ps.sharding_type not in ("frugal", "frugal_row_wise") for ps in plan.plan[""].values())
+    lines = [r.getMessage() for r in caplog.records if "not frugal" in r.getMessage()]
+    assert len(lines) == 2 and all("'max_norm'=0.5" in line for line in lines), lines
+    assert {line.split("'")[1] for line in lines} == {"t0", "t1"}
+    only_frugal = {f"t{t}": ParameterConstraints(sharding_types=["frugal"]) for t in range(2)}
     with pytest.raises(ValueError, match="table 't0'.*'max_norm'=0.5"):
-        plan_small(fused("adagrad", max_norm=0.5))
+        plan_small(fused("adagrad", max_norm=0.5), only_frugal)
     with pytest.raises(ValueError, match="table 't1'.*output_dtype.*table 't0'"):
         plan_small(fused("sgd"), {"t1": ParameterConstraints(output_dtype=DataType.FP16)})
     stock = {f"t{t}": ParameterConstraints(sharding_types=["table_wise"]) for t in range(2)}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,7 @@ from torchrec.distributed.types import (
     ShardMetadata,
     ShardingPlan,
 )
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, DataType
 
 from ..config import FrugalConfig, check_real
 from ..cost_model import CACHE_RATIO_CHOICES, CostModel, PlanChoice, StepCost, Workload
@@ -140,6 +141,29 @@ def check_fused_params(module: nn.Module, sharders: List[ModuleSharder[nn.Module
             }
             if tables:
                 output_params(tables)
+
+
+def table_configs(module: nn.Module) -> Dict[str, BaseEmbeddingConfig]:
+    """An embedding module's table configs by name (EmbeddingBagCollection or EmbeddingCollection)."""
+    for attr in ("embedding_bag_configs", "embedding_configs"):
+        configs = getattr(module, attr, None)
+        if callable(configs):
+            return {c.name: c for c in configs()}
+    return {}
+
+
+def frugal_refusal(
+    fused_params: Optional[Dict[str, Any]], config: Optional[BaseEmbeddingConfig], table: str
+) -> Optional[str]:
+    """Why the frugal sharder would refuse ``table`` (a fused_params key it does not honour, table
+    weights other than FP32), or None."""
+    try:
+        frugal_fused_params(dict(fused_params or {}), table)
+    except ValueError as e:
+        return str(e)
+    if config is not None and config.data_type != DataType.FP32:
+        return f"table {table!r}: frugal sharding stores FP32 tables, got {config.data_type}"
+    return None
 
 
 class FrugalShardingPlanner(EmbeddingShardingPlanner):
@@ -302,13 +326,19 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             if sharder is None or FRUGAL not in sharder.sharding_types(self._topology.compute_device):
                 continue
             default = self._default_type(sharder)
+            configs = table_configs(child)
             for name in sharder.shardable_parameters(child):
                 c = out.get(name)
-                kind = choice.get(name, default)
-                if c is None:
-                    out[name] = ParameterConstraints(sharding_types=[kind])
-                elif c.sharding_types is None:
-                    out[name] = replace(c, sharding_types=[kind])
+                if c is not None and c.sharding_types is not None:
+                    continue  # the user's choice (a frugal one is checked once planned)
+                refused = frugal_refusal(sharder.fused_params, configs.get(name), name)
+                if refused is None:
+                    kinds = [choice.get(name, default)]
+                else:  # what the frugal sharder would refuse goes to TorchRec's best stock type
+                    device = self._topology.compute_device
+                    kinds = [t for t in sharder.sharding_types(device) if t not in FRUGAL_TYPES]
+                    logger.warning("FrugalShardingPlanner: table %r planned among %s, not frugal: %s", name, kinds, refused)
+                out[name] = ParameterConstraints(sharding_types=kinds) if c is None else replace(c, sharding_types=kinds)
         return out
 
     def _nodes(self) -> int:

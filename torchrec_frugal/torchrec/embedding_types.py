@@ -72,8 +72,15 @@ def customized_kernel_for_frugal(params: Dict[str, ParameterSharding]) -> Dict[s
 
 
 def check_features(features: KeyedJaggedTensor, served: Iterable[str], module: str) -> None:
-    """Raise if the KJT lacks a feature the module's tables serve. Features no table serves are
-    ignored, as stock TorchRec's input dist ignores them (it selects the features it serves)."""
+    """Raise if the KJT lacks a feature the module's tables serve, or has a batch size per feature
+    (VBE). Features no table serves are ignored, as stock TorchRec's input dist ignores them (it
+    selects the features it serves)."""
+    if features.variable_stride_per_key():
+        raise FrugalInputError(
+            f"{module}: variable batch size per feature (VBE: a KJT with stride_per_key_per_rank, batch sizes "
+            f"{features.stride_per_key()} for {features.keys()}) is not supported by frugal tables; give every "
+            "feature the batch's size, or shard these tables with a stock type"
+        )
     served_set = set(served)
     keys = features.keys()
     missing = sorted(served_set - set(keys))

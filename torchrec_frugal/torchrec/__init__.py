@@ -6,6 +6,7 @@ own planner also understands the "frugal" sharding type.
 from . import patches
 from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingCollection
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder, FrugalShardedEmbeddingBagCollection
+from .fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
 from .pipeline import FrugalTrainPipeline
 from .planner import FrugalShardingPlanner, frugal, frugal_row_wise
 from .stats import FrugalCostStats
@@ -21,6 +22,7 @@ __all__ = [
     "FrugalCostStats",
     "FrugalEmbeddingBagCollectionSharder",
     "FrugalEmbeddingCollectionSharder",
+    "FrugalFeatureProcessedEmbeddingBagCollectionSharder",
     "FrugalShardedEmbeddingBagCollection",
     "FrugalShardedEmbeddingCollection",
     "FrugalShardingPlanner",

@@ -56,6 +56,7 @@ from ..profiles import HardwareProfile
 from .checkpoint import row_layout
 from .embedding import FrugalEmbeddingCollectionSharder
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder
+from .fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
 from .fused_params import frugal_fused_params, output_params, table_fused_params
 from .patches import frugal_row_bytes
 from .plan_choice import TableCandidates, choose, hardware_profile
@@ -311,6 +312,10 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         return [
             cast(ModuleSharder[nn.Module], FrugalEmbeddingBagCollectionSharder(config=config)),
             cast(ModuleSharder[nn.Module], FrugalEmbeddingCollectionSharder(config=config)),
+            cast(
+                ModuleSharder[nn.Module],
+                FrugalFeatureProcessedEmbeddingBagCollectionSharder(FrugalEmbeddingBagCollectionSharder(config=config)),
+            ),
         ]
 
     def _frugal_constraints(

@@ -481,14 +481,13 @@ def run_checks(world: int) -> Dict[str, Any]:
     refused("out_of_range", lambda: dmp(with_ids(data.batch(1), "f3", TABLE_ROWS[3])))
     refused("negative", lambda: dmp(with_ids(data.batch(1), "f5", -7)))
     good = data.batch(1).sparse_features
-    extra = KeyedJaggedTensor(
-        keys=good.keys() + ["zzz"],
-        values=torch.cat([good.values(), torch.tensor([1])]),
-        lengths=torch.cat([good.lengths(), torch.tensor([1] + [0] * (BATCH - 1))]),
+    n_last = good.length_per_key()[-1]  # a feature no table serves is ignored, as stock does; one missing is refused
+    lacking = KeyedJaggedTensor(
+        keys=good.keys()[:-1], values=good.values()[: good.values().numel() - n_last], lengths=good.lengths()[:-BATCH]
     )
-    unserved = data.batch(1)
-    unserved.sparse_features = extra
-    refused("unserved_feature", lambda: dmp(unserved))
+    missing = data.batch(1)
+    missing.sparse_features = lacking
+    refused("missing_feature", lambda: dmp(missing))
     ebc.push_lookahead(data.batch(2).sparse_features)  # announce batch 2, then train batch 1
     refused("lookahead_mismatch", lambda: dmp(data.batch(1)))
     seen["unchanged"] = all(np.array_equal(x, y) for x, y in zip(before, snapshot()))
@@ -521,12 +520,13 @@ def run_checks(world: int) -> Dict[str, Any]:
             read.append(s)
             yield data.batch(s)
 
-    # The forward of an announced batch reuses the rows computed when it was announced.
+    # The forward of an announced batch reuses the rows computed when it was announced (planned
+    # inline: a planner thread also reads, and plans when it gets to it, one batch beyond the window).
     computed: List[int] = []
     for lookup in ebc.frugal_lookups():
         own = lookup.group_rows
         lookup.group_rows = lambda f, own=own: computed.append(1) or own(f)  # type: ignore[method-assign]
-    FrugalTrainPipeline(dmp, optimizer, torch.device("cpu")).progress(source())
+    FrugalTrainPipeline(dmp, optimizer, torch.device("cpu"), planner="inline").progress(source())
     seen["pipeline_read"] = len(read)
     seen["rows_computed_per_lookup"] = len(computed) / len(ebc.frugal_lookups())
     seen["pipeline_capacity"] = ebc.lookahead_capacity()
@@ -710,7 +710,8 @@ def test_bad_inputs_are_refused_and_change_nothing(world2: List[Dict[str, Any]])
         assert seen["out_of_range"] is not None and "'f3'" in seen["out_of_range"] and "'t3'" in seen["out_of_range"]
         assert f"id {TABLE_ROWS[3]}" in seen["out_of_range"]
         assert seen["negative"] is not None and "'f5'" in seen["negative"] and "-7" in seen["negative"]
-        assert seen["unserved_feature"] is not None and "'zzz'" in seen["unserved_feature"]
+        missing = f"'f{len(TABLE_ROWS) - 1}'"
+        assert seen["missing_feature"] is not None and "lacks feature" in seen["missing_feature"] and missing in seen["missing_feature"]
         assert seen["lookahead_mismatch"] is not None and "lookahead" in seen["lookahead_mismatch"]
         assert "'t" in seen["lookahead_mismatch"]
         assert seen["unchanged"] and seen["trains_after"]

@@ -106,14 +106,18 @@ class LookaheadRing:
         return int(self.control.get(PUBLISHED).min())
 
     def collect(self, t: int) -> np.ndarray:
-        """The sorted, unique rows of this owner that some rank reads from host at step t."""
+        """The sorted, unique rows of this owner that some rank reads from host at step t.
+
+        Read through the record's numpy views: no torch op, so a training thread that ingests
+        while it waits at a gate runs none."""
         slot = t % self.ring
         parts: List[np.ndarray] = []
         for r in range(self.world_size):
             box = self.record.segment(r)
-            if int(box["la_step"][slot]) != t:
-                raise FrugalError(f"rank {r}'s lookahead slot holds step {int(box['la_step'][slot])}, not {t}")
-            counts = box["la_counts"][slot].numpy()
+            held = int(box.array("la_step")[slot])
+            if held != t:
+                raise FrugalError(f"rank {r}'s lookahead slot holds step {held}, not {t}")
+            counts = box.array("la_counts")[slot]
             lo = int(counts[: self.rank].sum())
-            parts.append(box["la_rows"][slot, lo : lo + int(counts[self.rank])].numpy())
+            parts.append(box.array("la_rows")[slot, lo : lo + int(counts[self.rank])])
         return union_sorted(parts)

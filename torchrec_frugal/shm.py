@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from .errors import FrugalError
@@ -293,6 +294,7 @@ class SharedSegment:
         # The whole mapping as bytes: its address and size are what a device registers.
         self.base = torch.frombuffer(self._mm, dtype=torch.uint8)
         self.views: Dict[str, torch.Tensor] = {}
+        self._arrays: Dict[str, np.ndarray] = {}  # numpy views, made on first use (array)
         for f in layout.fields:
             n = _numel(f.shape)
             if n == 0:
@@ -349,3 +351,11 @@ class SharedSegment:
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.views[key]
+
+    def array(self, key: str) -> np.ndarray:
+        """``self[key]`` as a numpy view, made once: for bookkeeping that a training thread may run
+        while it waits, which then dispatches no torch op."""
+        a = self._arrays.get(key)
+        if a is None:
+            a = self._arrays[key] = self.views[key].numpy()
+        return a

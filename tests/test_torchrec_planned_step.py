@@ -10,7 +10,7 @@ EmbeddingBagCollection with SUM, MEAN and weighted bags, EmbeddingCollection, a 
 exchange worker lagging behind, a loader that refills the buffers it yielded). In steady state the training thread calls none of the planning
 or exchange functions and runs none of the host-reading ops of an id check or a unique; the ops
 it runs do not depend on the batch size, and it reads no more values to the host than stock
-TorchRec's table_wise step. A bad id fails where it is planned, with the feature named.
+TorchRec's table_wise step. A bad id fails at its batch's step, with the feature named.
 """
 from __future__ import annotations
 
@@ -264,8 +264,9 @@ def stock_steady_state_ops() -> Dict[str, int]:
     return dict(ops)
 
 
-def bad_id_is_named() -> Optional[str]:
-    """A batch with an id out of range, read ahead by the pipeline: the error names its feature."""
+def bad_id_is_named() -> Optional[Tuple[int, str]]:
+    """A batch with an id out of range, planned at the first step: the error, at its own step
+    (the progress() call that would have trained it), names its feature (and the call)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from torchrec_frugal.errors import FrugalInputError
@@ -284,13 +285,16 @@ def bad_id_is_named() -> Optional[str]:
                 b.sparse_features = KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=kjt.lengths())
             yield b
 
-    message = None
-    try:
-        pipeline(dmp, opt, "thread").progress(source())
-    except FrugalInputError as e:
-        message = str(e)
+    pipe, it = pipeline(dmp, opt, "thread"), source()
+    found = None
+    for call in range(4):  # batch 3 is planned at the first call, raised at the fourth
+        try:
+            pipe.progress(it)
+        except FrugalInputError as e:
+            found = (call, str(e))
+            break
     release(dmp)
-    return message
+    return found
 
 
 def _rank_main(rank: int, world: int) -> Dict[str, Any]:
@@ -387,7 +391,8 @@ def test_training_thread_ops_do_not_grow_with_the_batch(world2: List[Dict[str, A
         assert small.get("_local_scalar_dense", 0) <= res["steady_stock"].get("_local_scalar_dense", 0)
 
 
-def test_a_bad_id_is_named_where_it_is_planned(world2: List[Dict[str, Any]]) -> None:
+def test_a_bad_id_is_named_at_its_batchs_step(world2: List[Dict[str, Any]]) -> None:
     for res in world2:
-        message = res["bad_id"]
-        assert message is not None and "'f2'" in message and f"id {TABLE_ROWS[2] + 5}" in message, message
+        assert res["bad_id"] is not None and res["bad_id"][0] == 3, res["bad_id"]
+        message = res["bad_id"][1]
+        assert "'f2'" in message and f"id {TABLE_ROWS[2] + 5}" in message, message

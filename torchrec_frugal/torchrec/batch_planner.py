@@ -8,8 +8,9 @@ order they were read. The thread first copies each batch's ids (a loader may ref
 once it is asked for the next batch: the pipeline waits for that copy before it asks), and copies
 come before plans, so a planner busy with earlier plans does not hold the loader up. The
 training thread only hands the batch over and later hands the finished plan to the batch's
-forward. A batch that fails to plan (an id out of range) raises, with its cause, where the
-training thread asks for its plan.
+forward. With peers, each batch's outcome is agreed after it is planned (:mod:`.batch_agreement`):
+a batch that fails to plan on any rank (an id out of range) fails on every rank, with its cause,
+where the training thread asks for its plan, and the pipeline drops it.
 
 Modes: ``"thread"`` (the default), ``"inline"`` (the same copies and plans made on the training
 thread when the batch is read, for comparison), ``"none"`` (no plans: each forward checks its
@@ -27,7 +28,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..errors import FrugalError
+from ..errors import FrugalError, FrugalInputError
 from .embedding_lookup import BatchPlan
 from .embedding_types import FrugalShardedModuleMixin
 
@@ -77,38 +78,66 @@ def plan_modules(modules: Sequence[FrugalShardedModuleMixin], features: Sequence
     return [m.plan_batch(_on_cpu(f)) for m, f in zip(modules, features)]
 
 
+Agree = Callable[[int, bool], List[int]]
+"""Given a batch's index and whether this rank failed to plan it, the ranks that failed (a collective)."""
+
+
 @dataclass
 class PlanJob:
     """One batch handed to the planner: ``copied`` is set once its ids are copied (or failed to
-    be), ``plans`` holds its plans or the error copying or planning raised."""
+    be), ``plans`` holds its plans or the error copying, planning or agreeing on it raised."""
 
     batch: Any
+    index: int  # the batch's place in the stream read (what errors name)
     modules: List[FrugalShardedModuleMixin]
     features_of: FeaturesOf
     pin: bool
+    agree: Optional[Agree] = None
     copied: threading.Event = field(default_factory=threading.Event)
     plans: "Future[ModulePlans]" = field(default_factory=Future)
     features: Optional[List[KeyedJaggedTensor]] = None
+    error: Optional[BaseException] = None
 
-    def copy(self) -> bool:
-        """Copy the batch's ids (:func:`snapshot`); False if that failed (the error is in ``plans``)."""
+    def copy(self) -> None:
+        """Copy the batch's ids (:func:`snapshot`); a failure is kept for :meth:`plan`."""
         try:
             self.features = [snapshot(self.features_of(m, self.batch), self.pin) for m in self.modules]
-            return True
         except BaseException as e:
-            self.plans.set_exception(e)
-            return False
+            self.error = e
         finally:
             self.batch = None  # the loader's batch is not held a moment longer than needed
             self.copied.set()
 
     def plan(self) -> None:
-        assert self.features is not None
-        try:
-            self.plans.set_result(plan_modules(self.modules, self.features))
-        except BaseException as e:
-            self.plans.set_exception(e)
+        """Plan the copied batch, then agree on it with the peers: a batch any rank failed to
+        plan fails on every rank (the pipeline drops it)."""
+        result, error = None, self.error
+        if error is None:
+            assert self.features is not None
+            try:
+                result = plan_modules(self.modules, self.features)
+            except BaseException as e:
+                error = e
         self.features = None
+        if isinstance(error, FrugalInputError):
+            error = self._dropped(str(error), error)
+        if self.agree is not None:
+            try:
+                refused = self.agree(self.index, error is not None)
+                if error is None and refused:
+                    error = self._dropped(f"rank(s) {refused} refused theirs (their error names the feature and the id)")
+            except BaseException as e:
+                error = error or e
+        if error is None:
+            self.plans.set_result(result)  # type: ignore[arg-type]
+        else:
+            self.plans.set_exception(error)
+
+    def _dropped(self, why: str, cause: Optional[BaseException] = None) -> FrugalInputError:
+        """The error of a batch refused on some rank, naming it and what becomes of it."""
+        error = FrugalInputError(f"batch {self.index} read by FrugalTrainPipeline is dropped on every rank: {why}")
+        error.__cause__ = cause
+        return error
 
 
 class _PlannerThread:
@@ -140,7 +169,8 @@ class _PlannerThread:
                 job = self._copies.popleft() if copy else self._plans.popleft()
             if not copy:
                 job.plan()
-            elif job.copy():
+            else:
+                job.copy()  # a failed copy is planned too: its failure is agreed on with the peers
                 with self._cv:
                     self._plans.append(job)
 
@@ -175,14 +205,21 @@ class BatchPlanner:
         return self.mode != "none"
 
     def submit(
-        self, modules: Sequence[FrugalShardedModuleMixin], batch: Any, features_of: FeaturesOf, pin: bool
+        self,
+        modules: Sequence[FrugalShardedModuleMixin],
+        batch: Any,
+        index: int,
+        features_of: FeaturesOf,
+        pin: bool,
+        agree: Optional[Agree] = None,
     ) -> PlanJob:
-        """Copy and plan one batch, ``features_of(m, batch)`` being what module ``m`` receives of
-        it (copies page-locked if ``pin``)."""
-        job = PlanJob(batch, list(modules), features_of, pin)
+        """Copy and plan batch ``index`` of the stream, ``features_of(m, batch)`` being what
+        module ``m`` receives of it (copies page-locked if ``pin``), then ``agree`` on it."""
+        job = PlanJob(batch, index, list(modules), features_of, pin, agree)
         if self._thread is not None:
             self._thread.put(job)
-        elif job.copy():
+        else:
+            job.copy()
             job.plan()
         return job
 

@@ -240,6 +240,10 @@ class FrugalShardedModuleMixin:
         """How many future batches the engines take now (the module must have frugal tables)."""
         return min(lookup.lookahead_capacity() for lookup in self.frugal_lookups())
 
+    def agreement_group(self) -> Tuple[Optional[dist.ProcessGroup], float]:
+        """The process group whose ranks train this module together, and how long one waits for another."""
+        return self._env.process_group, self._frugal_config.timeout_s  # type: ignore[attr-defined]
+
     def lookahead(self) -> int:
         """The engines' lookahead window L (the module must have frugal tables)."""
         return min(lookup.lookahead() for lookup in self.frugal_lookups())

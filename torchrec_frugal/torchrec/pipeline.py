@@ -9,20 +9,27 @@ Each batch is also copied and planned as soon as it is read (:mod:`.batch_planne
 thread by default; the loader is asked for the next batch once the copy is made), and the
 pipeline hands the plan to that batch's forward, which then launches its gathers and pooling
 without reading the batch's ids on the host.
+
+A batch refused while it is planned (an id out of range, a feature missing) is refused on every
+rank (:mod:`.batch_agreement`) and dropped from the stream: ``progress()`` raises its error at the
+step that would have trained it, having done nothing, and the next ``progress()`` trains the
+next batch, every rank in step, as if the refused one had never been read.
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.pipeline_context import In, Out, TrainPipelineContext
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import check_int
 from ..errors import FrugalError
+from .batch_agreement import BatchAgreement
 from .batch_planner import BatchPlanner, ModulePlans, PlanJob
 from .embedding_types import FrugalShardedModuleMixin
 
@@ -32,7 +39,11 @@ class _ReadBatch:
     """A batch read from the data loader, and its plan once the frugal modules are known."""
 
     batch: Any
+    index: int  # its place in the stream read
     plans: Optional[PlanJob] = None
+    unchecked: bool = False  # handed to TorchRec before it could be planned (the first batch)
+    # Errors of the refused batches read just before it: raised, one a step, before its step
+    dropped_before: List[BaseException] = field(default_factory=list)
 
 
 _COPY_TIMEOUT_S = 300.0  # a batch's copy takes milliseconds: a planner this late is stuck
@@ -97,18 +108,24 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         self._unannounced: Deque[_ReadBatch] = deque()  # read, ids not yet announced (a suffix of all read)
         self._source_exhausted = False
         self._last_read: Optional[_ReadBatch] = None  # the newest batch read from the source
+        self._read_count = 0
+        self._dropped_at_end: List[BaseException] = []  # refused batches after the last good one
+        self._agreement: Optional[BatchAgreement] = None
         self._frugal: Optional[List[FrugalShardedModuleMixin]] = None
 
     def progress(self, dataloader_iter: Iterator[In]) -> Out:
         if self._reader is None or self._reader.source is not dataloader_iter:
             self._reader = _LookaheadReader(self, dataloader_iter)
             self._source_exhausted = False
+            self._dropped_at_end.clear()
         return super().progress(self._reader)
 
     def fill_pipeline(self, dataloader_iter: Iterator[In]) -> None:
         super().fill_pipeline(dataloader_iter)
-        # Runs at the start of every progress(): the step about to run gets announced.
+        # Runs at the start of every progress(): the step about to run gets announced, and the
+        # step of a refused batch raises here, before anything of it has run.
         self._announce()
+        self._raise_dropped()
 
     def start_sparse_data_dist(self, batch: Optional[In], context: TrainPipelineContext) -> None:
         # A batch is announced before its input dist starts (frugal_row_wise's reuses what the
@@ -133,6 +150,10 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 window = self._requested_lookahead
             self._window = window
             self._planning = self._planner.enabled and bool(self._frugal) and all(m.plans_anywhere() for m in self._frugal)
+            if self._planning and self._agreement is None:
+                pg, timeout_s = self._frugal[0].agreement_group()
+                if pg is not None and dist.get_world_size(pg) > 1:
+                    self._agreement = BatchAgreement(pg, timeout_s)
             for entry in list(self._handed) + list(self._ahead):  # read while TorchRec traced the model
                 self._start_plan(entry)
         return self._frugal
@@ -144,22 +165,32 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         # with a planner thread one more: the batch announced next is then planned during the
         # step before, not waited for when it is read.
         ahead = 1 if self._planning and self._planner.mode == "thread" else 0
-        need = max(1, (self._window or 0) + 1 + ahead - len(self.batches))
-        while len(self._ahead) < need and not self._source_exhausted:
-            self._wait_copied()  # the loader may refill the last batch's buffers once asked again
-            batch = next(self._reader.source, None)
-            if batch is None:
-                self._source_exhausted = True
+        dropped: List[BaseException] = []
+        while True:
+            need = max(1, (self._window or 0) + 1 + ahead - len(self.batches))
+            while len(self._ahead) < need and not self._source_exhausted:
+                self._wait_copied()  # the loader may refill the last batch's buffers once asked again
+                batch = next(self._reader.source, None)
+                if batch is None:
+                    self._source_exhausted = True
+                    break
+                entry = self._last_read = _ReadBatch(batch, self._read_count)
+                self._read_count += 1
+                self._start_plan(entry)
+                self._ahead.append(entry)
+                if self._window is None or self._window > 0:  # None: model not traced yet
+                    self._unannounced.append(entry)
+            self._announce()
+            if not self._ahead:
+                self._dropped_at_end.extend(dropped)
+                raise StopIteration
+            entry = self._ahead.popleft()
+            error = self._refusal(entry)
+            if error is None:
                 break
-            entry = self._last_read = _ReadBatch(batch)
-            self._start_plan(entry)
-            self._ahead.append(entry)
-            if self._window is None or self._window > 0:  # None: model not traced yet
-                self._unannounced.append(entry)
-        self._announce()
-        if not self._ahead:
-            raise StopIteration
-        entry = self._ahead.popleft()
+            dropped.append(error)  # refused on every rank: never handed to TorchRec
+        entry.dropped_before.extend(dropped)
+        entry.unchecked = entry.plans is None and self._planner.enabled and self._frugal is None
         self._handed.append(entry)
         return entry.batch
 
@@ -170,13 +201,42 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         modules = self._frugal_modules()
         if entry.plans is not None or not self._planning or not modules:
             return
-        entry.plans = self._planner.submit(modules, entry.batch, self._module_features, self._pin)
+        agree = self._agreement.refused_by if self._agreement is not None else None
+        entry.plans = self._planner.submit(modules, entry.batch, entry.index, self._module_features, self._pin, agree)
 
     def _wait_copied(self) -> None:
         """Wait until the planner has copied the newest batch read (its plan may come later)."""
         newest = self._last_read.plans if self._last_read is not None else None
         if newest is not None and not newest.copied.wait(_COPY_TIMEOUT_S):
             raise FrugalError(f"FrugalTrainPipeline: the planner did not copy a batch read within {_COPY_TIMEOUT_S:g} s")
+
+    def _refusal(self, entry: _ReadBatch) -> Optional[BaseException]:
+        """Why ``entry`` is refused on every rank (waiting for its plan), or None (also: not planned)."""
+        self._start_plan(entry)
+        return None if entry.plans is None else entry.plans.plans.exception()
+
+    def _raise_dropped(self) -> None:
+        """Raise the error of a refused batch at the step that would have trained it."""
+        if self._handed and self._handed[0].unchecked:
+            first = self._handed[0]
+            first.unchecked = False
+            error = self._refusal(first)
+            if error is not None:  # handed to TorchRec before the model was traced: take it all back
+                self.batches.clear()
+                self.contexts.clear()
+                self._handed.popleft()
+                self._ahead.extendleft(reversed(self._handed))
+                self._handed.clear()
+                raise error
+        n = len(self.batches)
+        if n == 0:
+            pending = self._dropped_at_end
+        elif n <= len(self._handed):
+            pending = self._handed[-n].dropped_before
+        else:
+            return
+        if pending:
+            raise pending.pop(0)
 
     def _plans(self, entry: _ReadBatch) -> ModulePlans:
         """``entry``'s plans (waiting for the planner if it is behind); raises its planning error."""
@@ -219,6 +279,9 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         while self._unannounced and min(m.lookahead_capacity() for m in modules) > 0:
             # Every module's rows first: a bad batch raises before any engine is told about it.
             entry = self._unannounced[0]
+            if self._refusal(entry) is not None:  # refused on every rank: never a step of the engines
+                self._unannounced.popleft()
+                continue
             if self._planning:
                 for m, plans in zip(modules, self._plans(entry)):
                     m.announce_plans(plans)

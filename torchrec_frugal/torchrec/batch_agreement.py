@@ -1,0 +1,47 @@
+"""Cross-rank agreement on each batch read ahead: does every rank's batch plan, or is the step dropped?
+
+A synchronous step needs every rank. When one rank's batch is refused (an id out of range, a
+missing feature), the others must learn it before any of them starts that step's collectives, or
+the refused rank leaves its peers inside an all-to-all. So each rank's planner, having planned
+batch i of its stream, tells the others whether it could, and every rank drops batch i if any
+rank could not: the streams stay aligned, and the run goes on as if the batch had never been read.
+
+The verdicts travel over a gloo group of their own: the planner's thread sends them while the
+training thread runs the model's collectives, and a group may not interleave two threads' calls.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from ..errors import FrugalError
+
+
+class BatchAgreement:
+    """The ranks of ``pg`` agree, batch after batch in read order, on which ranks could not plan it.
+
+    Created by every rank of ``pg`` together (it makes a process group); each call is a
+    collective, made by every rank for the same batch, in the same order.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup, timeout_s: float) -> None:
+        self.world_size = dist.get_world_size(pg)
+        self.timeout_s = timeout_s
+        self._group = dist.new_group(
+            ranks=dist.get_process_group_ranks(pg), backend="gloo", timeout=timedelta(seconds=timeout_s)
+        )
+
+    def refused_by(self, index: int, refused: bool) -> List[int]:
+        """The ranks (of ``pg``) that could not plan batch ``index``; ``refused``: this rank could not."""
+        out = [torch.zeros(1, dtype=torch.int32) for _ in range(self.world_size)]
+        try:
+            dist.all_gather(out, torch.tensor([int(refused)], dtype=torch.int32), group=self._group)
+        except RuntimeError as e:  # a peer that died or stopped reading batches
+            raise FrugalError(
+                f"FrugalTrainPipeline: the ranks did not agree on batch {index} within {self.timeout_s:g} s "
+                "(did a rank stop, or read fewer batches than the others?)"
+            ) from e
+        return [r for r in range(self.world_size) if int(out[r])]

@@ -135,14 +135,18 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         """Future steps the engine's window takes now: steps s..s+L, less those begun or announced."""
         return self.engine.lookahead + 1 - (self.open_step is not None) - len(self._announced)
 
+    def fits_announced(self, rows: torch.Tensor) -> bool:
+        """Whether a step of ``rows`` may begin now: they are the rows announced next, or none are."""
+        if not self._announced:
+            return True
+        expected = self._announced[0]
+        return expected is rows or torch.equal(expected, rows)
+
     def check_announced(self, rows: torch.Tensor, feature_of_table: Dict[int, List[str]]) -> None:
         """Raise, changing nothing, if this step's rows differ from the ones announced for it."""
-        if not self._announced:
+        if self.fits_announced(rows):
             return
-        expected = self._announced[0]
-        if expected is rows or torch.equal(expected, rows):  # the very rows announced: a plan's
-            return
-        both = torch.cat([expected, rows])
+        both = torch.cat([self._announced[0], rows])
         u, counts = torch.unique(both, return_counts=True)
         differing = u[counts == 1]
         t_idx = torch.searchsorted(self.engine.table_offsets, differing, right=True) - 1

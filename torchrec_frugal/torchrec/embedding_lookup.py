@@ -321,6 +321,17 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         groups = list(self.groups)
         for g in groups:
             g.close_open_step()
+        if plan is None and not torch.is_grad_enabled() and not all(g.fits_announced(b.rows) for g, b in zip(groups, batches)):
+            weights = self._read_between_steps(batches)
+        else:
+            weights = self._step(batches)
+        if self._pooled:
+            return self._pool(sparse_features, batches, weights)
+        return self._sequence(sparse_features, batches, weights)
+
+    def _step(self, batches: List[GroupBatch]) -> Sequence[torch.Tensor]:
+        """The rows of the engines' next step, begun with ``batches`` (ended by the backward, or now without gradients)."""
+        groups = list(self.groups)
         for g, b, feats in zip(groups, batches, self._features_of_table):
             g.check_announced(b.rows, feats)
         for g, b in zip(groups, batches):
@@ -328,14 +339,20 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         if self._announced_batches:  # the step took its announced batch off every group
             self._announced_batches.popleft()
         if torch.is_grad_enabled():
-            weights = FrugalRowsFunction.apply(self._anchor, FrugalStep(groups, batches))
-        else:
-            weights = [g.engine.lookup(b.engine_rows) for g, b in zip(groups, batches)]
-            for g in groups:
-                g.end_without_update()
-        if self._pooled:
-            return self._pool(sparse_features, batches, weights)
-        return self._sequence(sparse_features, batches, weights)
+            return FrugalRowsFunction.apply(self._anchor, FrugalStep(groups, batches))
+        weights = [g.engine.lookup(b.engine_rows) for g, b in zip(groups, batches)]
+        for g in groups:
+            g.end_without_update()
+        return weights
+
+    def _read_between_steps(self, batches: List[GroupBatch]) -> Sequence[torch.Tensor]:
+        """Rows read outside the engines' steps: a forward without gradients of a batch that is
+        not the one announced next (an evaluation between pipelined training steps, as stock
+        TorchRec allows). Every pending write is flushed first (collective, as stock's eval
+        forward is), so the values are current; the announced steps stay as they were."""
+        for g in self.groups:
+            g.ensure_flushed()
+        return [g.engine.lookup(b.engine_rows) for g, b in zip(self.groups, batches)]
 
     def _pool(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
         stride = features.stride()

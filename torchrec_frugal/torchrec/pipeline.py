@@ -133,6 +133,17 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         self._announce()
         super().start_sparse_data_dist(batch, context)
 
+    def detach(self) -> torch.nn.Module:
+        """TorchRec's detach, once the planner has copied every batch read (a copy reads the
+        batch through the pipelined modules' traced arguments, which detach takes away)."""
+        self._wait_copied()
+        return super().detach()
+
+    def attach(self, model: Optional[torch.nn.Module] = None, sparse_dist: bool = True) -> None:
+        super().attach(model, sparse_dist)
+        if not self._pipelined_modules:  # TorchRec traces the model again at the next progress()
+            self._frugal = None
+
     # ------------------------------------------------------------------ reading ahead
     def _frugal_modules(self) -> Optional[List[FrugalShardedModuleMixin]]:
         """The pipelined frugal modules, once TrainPipelineSparseDist has rewritten the model."""

@@ -14,6 +14,7 @@ from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine import FrugalEngine
 from torchrec_frugal.errors import FrugalError
 from torchrec_frugal.exchange_worker import ExchangeWorker
+from torchrec_frugal.flusher import Flusher
 from torchrec_frugal.lookahead_ring import LookaheadRing
 from torchrec_frugal.owner_update import OwnerUpdate
 
@@ -65,8 +66,10 @@ def test_a_drain_that_times_out_names_the_steps_left() -> None:
     worker.stop(1)
 
 
-def _train(tmp_path: Any, exchange_worker: bool, lookahead: int, steps: int = 30, push: bool = True) -> torch.Tensor:
-    cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.1, shm_dir=str(tmp_path), exchange_worker=exchange_worker)
+def _train(
+    tmp_path: Any, exchange_worker: bool, lookahead: int, steps: int = 30, push: bool = True, **config: Any
+) -> torch.Tensor:
+    cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.1, shm_dir=str(tmp_path), exchange_worker=exchange_worker, **config)
     counts = [torch.arange(500, 0, -1, dtype=torch.float32), torch.ones(300)]
     tables = [TableSpec("a", 500, 8), TableSpec("b", 300, 8)]
     with FrugalEngine(tables, OptimizerSpec("rowwise_adagrad", lr=0.1), cfg, presample_counts=counts, seed=1) as eng:
@@ -108,6 +111,36 @@ def test_the_worker_publishes_the_lookahead_off_the_training_thread(
     threads.clear()
     assert torch.equal(with_worker, _train(tmp_path, False, 3, push=push))
     assert len(threads) == 30 and set(threads) == {"MainThread"}
+
+
+def test_with_flusher_threads_the_training_thread_flushes_nothing(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exchange worker flushes what the next step reads, the flushers the rest; a gate that
+    waits for them only waits (on CPU without flushers, the default, the training thread helps)."""
+    threads: List[str] = []
+    flush_once = Flusher.flush_once
+
+    def recorded(self: Flusher, max_priority: Any, wait: bool = True) -> Any:
+        if max_priority is not None:  # not the final drain (flush(), on the caller by design)
+            threads.append(threading.current_thread().name)
+        return flush_once(self, max_priority, wait)
+
+    monkeypatch.setattr(Flusher, "flush_once", recorded)
+    # The worker leaves what the next step reads pending (as when its flush ran before a late
+    # ingest made a deferred row due): the gate of that step then finds it pending.
+    monkeypatch.setattr(Flusher, "flush_due", lambda self, step: None)
+    flush = Flusher._flush  # and the flusher thread is slow to get to it
+
+    def slow(self: Flusher, max_priority: Any, wait: bool, background: bool) -> bool:
+        time.sleep(2e-3 if background else 0)
+        return flush(self, max_priority, wait, background)
+
+    monkeypatch.setattr(Flusher, "_flush", slow)
+    # Uncached rows updated in dynamic slots: host reads of them wait for their flush.
+    tables = _train(tmp_path, True, 3, steps=100, flush_workers=1, update_uncached_in_host=False)
+    assert "MainThread" not in threads, sorted(set(threads))
+    threads.clear()
+    assert torch.equal(tables, _train(tmp_path, True, 3, steps=100, flush_workers=0, update_uncached_in_host=False))
+    assert "MainThread" in threads  # the default on CPU: no flusher, the training thread helps
 
 
 def test_a_failure_on_the_worker_is_raised_on_the_training_thread_with_its_cause(

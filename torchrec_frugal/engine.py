@@ -269,8 +269,8 @@ class FrugalEngine:
             ticket = self._gate_ticket  # this rank's own update of step s - 1 (and its flush)
             if worker is not None and not worker.done_through(ticket):
                 return worker.wait_done(2e-3, ticket) or ingested
-            if worker is not None and self.control.get(FLUSHED)[self.rank] >= s:
-                return ingested  # none of what step s reads is pending here
+            if worker is not None and (self.flusher.threads or self.control.get(FLUSHED)[self.rank] >= s):
+                return ingested  # the flushers write what step s reads (or none of it is pending here)
             return self.flusher.flush_once(max_priority=s, wait=False) or ingested
 
         return self.control.wait(WAIT_GATE, lambda: lagging_owners(self.control, s), f"the gate of step {s}", idle)

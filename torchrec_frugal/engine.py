@@ -414,9 +414,18 @@ class FrugalEngine:
     def host_block(self, lo: int, hi: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Views (no copy) of host rows [lo, hi): weights and optimizer state; call after flush().
 
-        Live memory, like a parameter: the next step's updates show in it.
+        Live memory, like a parameter: the next step's updates show in it, and what is written into
+        it between steps reaches the caches at :meth:`reload_from_host`.
         """
         return self.host_rows.block(lo, hi)
+
+    def reload_from_host(self) -> None:
+        """Collective, between steps, with no step since the last flush: every rank re-reads the rows
+        its store holds from host once all ranks got here, so that host rows written in place
+        through the views :meth:`host_block` handed out (a checkpoint loaded into a state_dict)
+        reach the caches. Costs a read of the rank's cached rows and a barrier."""
+        self.flush()  # the barrier: every rank has written its rows (nothing is pending)
+        self.owner_update.reload()
 
     def write_rows(self, parts: Sequence[RowsPart]) -> None:
         """Collective load of this rank's (rows, weights or None, state or None) parts: each rank

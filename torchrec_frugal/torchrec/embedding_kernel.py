@@ -114,6 +114,10 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         # The forward whose engine step is still open (its backward has not run): set by FrugalStep.
         self.open_step: Optional[FrugalStep] = None
         self._flushed_step: Optional[int] = None  # engine step at which host last equalled the caches
+        # block() handed out writable views of host rows since the caches were last read: they are
+        # re-read from host before the next read (refresh_caches), so what was written into the
+        # views (dcp.load into a state_dict) is what trains on.
+        self._views_out = False
         self._optim = FrugalFusedOptimizer(self)
 
     @property
@@ -160,6 +164,7 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         )
 
     def begin(self, rows: Rows) -> None:
+        self.refresh_caches()
         self.engine.begin_step(rows)
         if self._announced:
             self._announced.popleft()
@@ -180,6 +185,14 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         if self._flushed_step != self.engine.step:
             self.engine.flush()
             self._flushed_step = self.engine.step
+
+    def refresh_caches(self) -> None:
+        """Collective, between steps, before the caches are read: if :meth:`block` handed out views
+        since the last step, re-read the caches from host, so that what was written into them (a
+        checkpoint loaded in place) is what is read and updated next."""
+        if self._views_out:
+            self._views_out = False
+            self.engine.reload_from_host()
 
     # ------------------------------------------------------------------ checkpoint rows
     def checkpoint_blocks(self, table: str) -> List[Tuple[int, int]]:
@@ -214,8 +227,11 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
 
     def block(self, table: str, first: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Views of (weights, optimizer state) of rows [first, first + count) of ``table`` in host
-        memory; the engine must be flushed. A checkpoint saves them without a copy."""
+        memory; the engine must be flushed. A checkpoint saves them without a copy, and loads into
+        them in place (``dcp.load`` into a state_dict): what is written before the next step is what
+        that step and the ones after train on, as with stock TorchRec's live tables."""
         lo = int(self.engine.table_offsets[self.table_index[table]]) + first
+        self._views_out = True
         return self.engine.host_block(lo, lo + count)
 
     def write(self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None:

@@ -352,6 +352,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         forward is), so the values are current; the announced steps stay as they were."""
         for g in self.groups:
             g.ensure_flushed()
+            g.refresh_caches()
         return [g.engine.lookup(b.engine_rows) for g, b in zip(self.groups, batches)]
 
     def _pool(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -70,7 +70,8 @@ class FrugalOptimizerState:
         g.ensure_flushed()
         first, size = g.own_block(self._table)
         _, state = g.block(self._table, first - self._table_spec().row_offset, size)
-        return rows_sharded_tensor(state[:, self._column].clone(), self._num_rows(), g.checkpoint_pg, g.checkpoint_blocks(self._table))
+        # A view, like the weights': dcp.load into it restores the state in place (see ``block``).
+        return rows_sharded_tensor(state[:, self._column], self._num_rows(), g.checkpoint_pg, g.checkpoint_blocks(self._table))
 
     def load_state_dict(self, value: Union[ShardedTensor, torch.Tensor]) -> None:
         g = self._group

@@ -128,13 +128,14 @@ def test_with_flusher_threads_the_training_thread_flushes_nothing(tmp_path: Any,
     # The worker leaves what the next step reads pending (as when its flush ran before a late
     # ingest made a deferred row due): the gate of that step then finds it pending.
     monkeypatch.setattr(Flusher, "flush_due", lambda self, step: None)
-    flush = Flusher._flush  # and the flusher thread is slow to get to it
+    bound = Flusher.background_bound  # and the flusher thread is slow to get to it
 
-    def slow(self: Flusher, max_priority: Any, wait: bool, background: bool) -> bool:
-        time.sleep(2e-3 if background else 0)
-        return flush(self, max_priority, wait, background)
+    def slow(self: Flusher) -> int:
+        if threading.current_thread().name.startswith("frugal-flusher"):
+            time.sleep(2e-3)
+        return bound(self)
 
-    monkeypatch.setattr(Flusher, "_flush", slow)
+    monkeypatch.setattr(Flusher, "background_bound", slow)
     # Uncached rows updated in dynamic slots: host reads of them wait for their flush.
     tables = _train(tmp_path, True, 3, steps=100, flush_workers=1, update_uncached_in_host=False)
     assert "MainThread" not in threads, sorted(set(threads))

@@ -41,7 +41,7 @@ class BatchAgreement:
             dist.all_gather(out, torch.tensor([int(refused)], dtype=torch.int32), group=self._group)
         except RuntimeError as e:  # a peer that died or stopped reading batches
             raise FrugalError(
-                f"FrugalTrainPipeline: the ranks did not agree on batch {index} within {self.timeout_s:g} s "
-                "(did a rank stop, or read fewer batches than the others?)"
+                f"FrugalTrainPipeline: the ranks could not agree on batch {index} (a rank failed or stopped, "
+                f"or read fewer batches than the others; the wait times out after {self.timeout_s:g} s)"
             ) from e
         return [r for r in range(self.world_size) if int(out[r])]

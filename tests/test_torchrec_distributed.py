@@ -349,7 +349,8 @@ def full_tables(dmp: nn.Module, key: str, shapes: List[Tuple[int, int]]) -> List
 def train(
     dmp: nn.Module, opt: Any, batches: Iterator[Any], pipeline: Optional[str] = None, device: torch.device = CPU
 ) -> List[float]:
-    """Per-step losses, from a plain loop or a train pipeline ("frugal" or "sparse_dist"), on ``device``."""
+    """Per-step losses, from a plain loop or a train pipeline ("frugal", "frugal_unplanned": each
+    forward computes its rows, or "sparse_dist"), on ``device``."""
     if pipeline is None:
         losses = []
         for batch in batches:
@@ -365,7 +366,9 @@ def train(
     from torchrec_frugal.torchrec import FrugalTrainPipeline
 
     pipe: Any = (
-        FrugalTrainPipeline(dmp, opt, device) if pipeline == "frugal" else TrainPipelineSparseDist(dmp, opt, device)
+        FrugalTrainPipeline(dmp, opt, device, planner="none" if pipeline == "frugal_unplanned" else "thread")
+        if pipeline.startswith("frugal")
+        else TrainPipelineSparseDist(dmp, opt, device)
     )
     losses = []
     while True:
@@ -398,10 +401,15 @@ def run_training(
     data: str = "zipf",
     config: Optional[Any] = None,
     device: str = "cpu",
+    exchange_worker: bool = True,
 ) -> Dict[str, Any]:
     """One training run: losses, final tables (rank 0), sharding types, and each frugal engine's
-    (device, host path)."""
+    (device, host path). ``exchange_worker=False``: the default config, updates inside backward."""
     dev = torch.device(device)
+    if not exchange_worker:
+        from torchrec_frugal.config import FrugalConfig
+
+        config = FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05, exchange_worker=False)
     dmp, optimizer, key = build(world, sharding, opt, model_kind, table_rows, config=config, device=dev)
     if "variants" in model_kind:
         batches: Iterator[Any] = VariantBatches(dist.get_rank(), model_kind == "weighted_variants").batches(0, steps)
@@ -618,6 +626,8 @@ SCENARIOS_2: Dict[str, Dict[str, Any]] = {
 
 SCENARIOS_4: Dict[str, Dict[str, Any]] = {
     "frugal_sgd": dict(sharding="frugal", opt="sgd", pipeline="frugal"),
+    # The step as it was before batches were planned ahead and updates handed to a worker.
+    "frugal_sgd_inline": dict(sharding="frugal", opt="sgd", pipeline="frugal_unplanned", exchange_worker=False),
     "tw_sgd": dict(sharding="table_wise", opt="sgd"),
     "rw_sgd": dict(sharding="row_wise", opt="sgd"),
     "frugal_adagrad": dict(sharding="frugal", opt="adagrad"),
@@ -670,6 +680,15 @@ def test_dlrm_frugal_matches_stock_2_ranks(world2: List[Dict[str, Any]], opt: st
 @pytest.mark.parametrize("stock", ["tw", "rw"])
 def test_dlrm_frugal_matches_stock_4_ranks(world4: List[Dict[str, Any]], opt: str, stock: str) -> None:
     assert_same_training(world4, f"frugal_{opt}", f"{stock}_{opt}")
+
+
+def test_planned_steps_train_bit_for_bit_as_inline_ones_on_4_ranks(world4: List[Dict[str, Any]]) -> None:
+    """Batches planned on the planner thread and updates on the exchange worker, against each
+    forward computing its rows and the update inside backward: the same losses and tables, bit for bit."""
+    for res in world4:
+        assert np.array_equal(res["frugal_sgd"]["losses"], res["frugal_sgd_inline"]["losses"])
+    for x, y in zip(world4[0]["frugal_sgd"]["tables"], world4[0]["frugal_sgd_inline"]["tables"]):
+        assert np.array_equal(x, y)
 
 
 def test_frugal_train_pipeline_matches_plain_loop(world2: List[Dict[str, Any]]) -> None:

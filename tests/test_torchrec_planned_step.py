@@ -396,3 +396,22 @@ def test_a_bad_id_is_named_at_its_batchs_step(world2: List[Dict[str, Any]]) -> N
         assert res["bad_id"] is not None and res["bad_id"][0] == 3, res["bad_id"]
         message = res["bad_id"][1]
         assert "'f2'" in message and f"id {TABLE_ROWS[2] + 5}" in message, message
+
+
+def _one_rank(rank: int, world: int) -> Dict[str, Any]:
+    torch.set_num_threads(1)
+    return {
+        "planned": train_with("thread", "dlrm", 10, TABLE_ROWS),
+        "inline": train_with("none", "dlrm", 10, TABLE_ROWS, exchange_worker=False),
+    }
+
+
+def test_one_rank_planned_steps_train_bit_for_bit_as_inline_ones() -> None:
+    """World 1, L = 10: the planner thread and the exchange worker against each forward computing
+    its rows and the update inside backward."""
+    res = run_ranks(1, _one_rank)[0]
+    planned, inline = res["planned"], res["inline"]
+    assert planned["losses"].shape == (STEPS,)
+    np.testing.assert_array_equal(planned["losses"], inline["losses"])
+    for x, y in zip(planned["tables"], inline["tables"]):
+        np.testing.assert_array_equal(x, y)

@@ -139,8 +139,8 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         self._wait_copied()
         return super().detach()
 
-    def attach(self, model: Optional[torch.nn.Module] = None, sparse_dist: bool = True) -> None:
-        super().attach(model, sparse_dist)
+    def attach(self, *args: Any, **kwargs: Any) -> None:
+        super().attach(*args, **kwargs)  # (model=None, sparse_dist=True) in the supported releases
         if not self._pipelined_modules:  # TorchRec traces the model again at the next progress()
             self._frugal = None
 

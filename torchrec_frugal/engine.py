@@ -398,10 +398,19 @@ class FrugalEngine:
             out.append(self._finished.popleft())
         return out
 
-    def flush(self) -> None:
-        """Collective: apply every pending host write of every rank; host then equals the caches."""
+    @property
+    def in_step(self) -> bool:
+        """Whether a step has begun whose gradients are not applied yet."""
+        return self._in_step
+
+    def flush(self, within_step: bool = False) -> None:
+        """Collective: apply every pending host write of every rank; host then equals the caches.
+
+        ``within_step``: inside a begun step, before a second read of it (a forward whose rows the
+        gate did not cover): the step's own update has not run, so every write pending is older.
+        """
         self.drain()
-        if self._in_step:
+        if self._in_step and not within_step:
             raise FrugalError(f"rank {self.rank}: flush inside step {self.step}")
         self._guard(self.flusher.drain)
         self._guard(lambda: sync(self.control, "flush"))

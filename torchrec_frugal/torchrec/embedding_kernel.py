@@ -111,8 +111,6 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
             p._in_backward_optimizers = [EmptyFusedOptimizer()]  # type: ignore[attr-defined]
             self.placeholders[t.name] = p
         self._announced: Deque[torch.Tensor] = deque()  # rows pushed to the lookahead, per future step
-        # The forward whose engine step is still open (its backward has not run): set by FrugalStep.
-        self.open_step: Optional[FrugalStep] = None
         self._flushed_step: Optional[int] = None  # engine step at which host last equalled the caches
         # block() handed out writable views of host rows since the caches were last read: they are
         # re-read from host before the next read (refresh_caches), so what was written into the
@@ -137,7 +135,11 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
 
     def lookahead_capacity(self) -> int:
         """Future steps the engine's window takes now: steps s..s+L, less those begun or announced."""
-        return self.engine.lookahead + 1 - (self.open_step is not None) - len(self._announced)
+        return self.engine.lookahead + 1 - self.engine.in_step - len(self._announced)
+
+    def announced_next(self, rows: torch.Tensor) -> bool:
+        """Whether ``rows`` are the rows announced for the next step (some are announced)."""
+        return bool(self._announced) and self.fits_announced(rows)
 
     def fits_announced(self, rows: torch.Tensor) -> bool:
         """Whether a step of ``rows`` may begin now: they are the rows announced next, or none are."""
@@ -175,9 +177,27 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         self.engine.apply_gradients(empty, torch.empty(0, self.engine.dim))
 
     def close_open_step(self) -> None:
-        """End, with no update, the step of a forward whose backward never ran (if any)."""
-        if self.open_step is not None:
-            self.open_step.close_without_update()
+        """End, with no update, the step of a forward whose backward has not run (if any); the
+        backward, if it comes later, updates in a step of its own (:meth:`apply_gradients`)."""
+        if self.engine.in_step:
+            self.end_without_update()
+
+    def apply_gradients(self, rows: Rows, grads: torch.Tensor) -> None:
+        """One forward's gradients, as one update: of the open step, or, when that step was ended
+        (by the backward of another forward of the same step: a collection called twice before
+        backward; or by a state_dict in between), of a step of its own that reads nothing. Stock's
+        fused optimizer applies each call's gradients in turn, in backward's order: so does this."""
+        if not self.engine.in_step:
+            if self._announced:
+                raise FrugalError(
+                    f"step {self.engine.step}: the backward of a forward whose step already ended, while batches "
+                    "are announced ahead (FrugalTrainPipeline, push_lookahead): run backward before the next forward"
+                )
+            self.engine.begin_step(torch.empty(0, dtype=torch.int64))
+        # TorchRec's sharded backward divides embedding gradients by the world size
+        # (comm_ops.GRADIENT_DIVISION), matching DDP's averaging of dense gradients; the
+        # engine divides off the training thread.
+        self.engine.apply_gradients(rows, grads, self.engine.world_size if get_gradient_division() else 1)
 
     def ensure_flushed(self) -> None:
         """Collective: make host equal the caches, unless no step ran since the last flush."""
@@ -256,35 +276,15 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
 
 
 class FrugalStep:
-    """One forward's engine steps; backward (or the next forward) ends them."""
+    """One forward's rows of each group; its backward applies their gradients (one update per group)."""
 
     def __init__(self, groups: List[FrugalTableGroup], batches: List[GroupBatch]) -> None:
         self.groups = groups
         self.batches = batches
-        for g in groups:
-            g.open_step = self
-
-    def _check_open(self) -> None:
-        if any(g.open_step is not self for g in self.groups):
-            raise FrugalError(
-                "backward of a frugal lookup whose step was already ended: run backward before the "
-                "next forward (or state_dict) of the model"
-            )
 
     def apply(self, grads: Sequence[torch.Tensor]) -> None:
-        self._check_open()
         for g, b, grad in zip(self.groups, self.batches, grads):
-            g.open_step = None
-            # TorchRec's sharded backward divides embedding gradients by the world size
-            # (comm_ops.GRADIENT_DIVISION), matching DDP's averaging of dense gradients; the
-            # engine divides off the training thread.
-            g.engine.apply_gradients(b.engine_rows, grad, g.engine.world_size if get_gradient_division() else 1)
-
-    def close_without_update(self) -> None:
-        self._check_open()
-        for g in self.groups:
-            g.open_step = None
-            g.end_without_update()
+            g.apply_gradients(b.engine_rows, grad)
 
 
 class FrugalRowsFunction(torch.autograd.Function):

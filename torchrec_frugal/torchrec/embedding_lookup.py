@@ -318,10 +318,10 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             batches = self._planned_batches(sparse_features, plan)
         else:
             batches = self._group_batches(sparse_features, self._rows_for_forward(sparse_features))
-        groups = list(self.groups)
-        for g in groups:
-            g.close_open_step()
-        if plan is None and not torch.is_grad_enabled() and not all(g.fits_announced(b.rows) for g, b in zip(groups, batches)):
+        pairs = list(zip(self.groups, batches))
+        if plan is None and any(g.engine.in_step for g in self.groups) and not all(g.announced_next(b.rows) for g, b in pairs):
+            weights = self._read_within_step(batches)
+        elif plan is None and not torch.is_grad_enabled() and not all(g.fits_announced(b.rows) for g, b in pairs):
             weights = self._read_between_steps(batches)
         else:
             weights = self._step(batches)
@@ -332,6 +332,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
     def _step(self, batches: List[GroupBatch]) -> Sequence[torch.Tensor]:
         """The rows of the engines' next step, begun with ``batches`` (ended by the backward, or now without gradients)."""
         groups = list(self.groups)
+        for g in groups:  # a forward whose backward never ran (its loss dropped: an eval in train mode)
+            g.close_open_step()
         for g, b, feats in zip(groups, batches, self._features_of_table):
             g.check_announced(b.rows, feats)
         for g, b in zip(groups, batches):
@@ -344,6 +346,23 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         for g in groups:
             g.end_without_update()
         return weights
+
+    def _read_within_step(self, batches: List[GroupBatch]) -> Sequence[torch.Tensor]:
+        """Rows read while the engines' step is open, after a forward whose backward has not run:
+        the same collection called twice before backward (two towers sharing it), as stock allows.
+        Every pending host write is applied first (collective: every rank makes the same calls),
+        so the rows are current although the step's gate did not cover them; the gradients come
+        back through their own backward and are applied as an update of their own."""
+        if self._announce_dist is not None:
+            raise FrugalInputError(
+                "a frugal_row_wise collection called again before the backward of its previous call: "
+                "not supported (call it once, on the features of both calls)"
+            )
+        for g in self.groups:
+            g.engine.flush(within_step=True)
+        if torch.is_grad_enabled():
+            return FrugalRowsFunction.apply(self._anchor, FrugalStep(list(self.groups), batches))
+        return [g.engine.lookup(b.engine_rows) for g, b in zip(self.groups, batches)]
 
     def _read_between_steps(self, batches: List[GroupBatch]) -> Sequence[torch.Tensor]:
         """Rows read outside the engines' steps: a forward without gradients of a batch that is

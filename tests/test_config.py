@@ -94,9 +94,9 @@ def test_table_spec_is_frozen():
 
 def test_optimizer_spec_rejects_kind():
     with pytest.raises(ValueError) as ei:
-        OptimizerSpec(kind="adagrad")
+        OptimizerSpec(kind="lamb")
     msg = str(ei.value)
-    assert "'adagrad'" in msg and "kind" in msg
+    assert "'lamb'" in msg and "kind" in msg
     for k in OPTIMIZER_KINDS:
         assert k in msg
 

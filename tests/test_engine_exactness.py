@@ -22,6 +22,7 @@ def _matrix_2() -> list:
         for l, c, o in [(0, 0.05, "sgd"), (1, 0.0, "rowwise_adagrad"), (10, 0.05, "rowwise_adagrad"), (10, 0.0, "sgd")]
     ] + [
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="adam", steps=STEPS),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="adagrad", steps=STEPS),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, queue="heap"),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, flush_workers=0),
         # A lookahead worker that lags behind the training thread: the gate must wait for it.

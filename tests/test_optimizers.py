@@ -1,4 +1,5 @@
-"""Row optimizers against FBGEMM's fused CPU kernel (sgd, rowwise_adagrad) and torch.optim (adam)."""
+"""Row optimizers against FBGEMM's fused CPU kernel (sgd, rowwise_adagrad, adagrad) and torch.optim (adam;
+FBGEMM's CPU build has no Adam kernel)."""
 from __future__ import annotations
 
 import math
@@ -81,7 +82,11 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
 
 @pytest.mark.parametrize(
     "kind,fb_kind,lr",
-    [("sgd", OptimType.EXACT_SGD, 0.05), ("rowwise_adagrad", OptimType.EXACT_ROWWISE_ADAGRAD, 0.1)],
+    [
+        ("sgd", OptimType.EXACT_SGD, 0.05),
+        ("rowwise_adagrad", OptimType.EXACT_ROWWISE_ADAGRAD, 0.1),
+        ("adagrad", OptimType.EXACT_ADAGRAD, 0.1),
+    ],
 )
 def test_matches_fbgemm_cpu_kernel(kind, fb_kind, lr):
     eps = 1e-8
@@ -111,9 +116,9 @@ def test_matches_fbgemm_cpu_kernel(kind, fb_kind, lr):
 
         for t, fw in enumerate(emb.split_embedding_weights()):
             _close(ours_w[t], fw, f"{kind} weights, table {t}, step {step}")
-        if kind == "rowwise_adagrad":
+        if kind != "sgd":  # row-wise: one column [rows]; element-wise: [rows, dim]
             for t, st in enumerate(emb.split_optimizer_states()):
-                _close(ours_s[t][:, 0], st[0].flatten(), f"{kind} momentum, table {t}, step {step}")
+                _close(ours_s[t].reshape(st[0].shape), st[0], f"{kind} momentum, table {t}, step {step}")
     assert total_dups > 20, "the batches must contain duplicate ids"
     # The run must have moved the weights (otherwise the comparison proves nothing).
     assert not torch.allclose(ours_w[0], init[0])
@@ -125,7 +130,7 @@ def test_rowwise_adagrad_uses_mean_not_sum():
     w = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     s = torch.tensor([[0.25]])
     g = torch.tensor([[1.0, -2.0, 0.5, 0.0]])
-    apply_update(spec, w, s, g, step=0)
+    apply_update(spec, w, s, g, iteration=0)
     m = 0.25 + (1 + 4 + 0.25 + 0) / 4
     assert s[0, 0].item() == pytest.approx(m, rel=1e-7)
     expect = [x - 0.5 * gi / (math.sqrt(m) + 1e-8) for x, gi in zip([1.0, 2.0, 3.0, 4.0], [1.0, -2.0, 0.5, 0.0])]
@@ -136,6 +141,7 @@ def test_state_width():
     for d in (1, 4, 128):
         assert state_width(OptimizerSpec(kind="sgd"), d) == 0
         assert state_width(OptimizerSpec(kind="rowwise_adagrad"), d) == 1
+        assert state_width(OptimizerSpec(kind="adagrad"), d) == d
         assert state_width(OptimizerSpec(kind="adam"), d) == 2 * d
 
 
@@ -201,7 +207,7 @@ def test_sgd_leaves_other_rows_and_state_alone():
     spec = OptimizerSpec(kind="sgd", lr=0.1)
     w = torch.ones(2, 3)
     s = torch.zeros(2, 0)
-    apply_update(spec, w, s, torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), step=4)
+    apply_update(spec, w, s, torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), iteration=4)
     torch.testing.assert_close(w, torch.tensor([[0.9, 0.8, 0.7], [1.0, 1.0, 1.0]]))
 
 

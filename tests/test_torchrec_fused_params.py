@@ -533,7 +533,8 @@ def test_each_key_is_honoured_accepted_or_refused() -> None:
         ({"weights_precision": SparseType.FP16}, "'weights_precision'"),
         ({"lr": 0.1}, "'lr'=0.1"),
         ({"weight_decay": 0.1}, "weight_decay"),  # refused as before
-        ({"optimizer": EmbOptimType.EXACT_ADAGRAD}, "EXACT_ADAGRAD|exact_adagrad"),
+        ({"optimizer": EmbOptimType.LAMB}, "LAMB|lamb"),
+        ({"optimizer": EmbOptimType.ADAM, "beta1": 1.5}, "beta1"),
     ]
     for fused_params, words in refused:
         with pytest.raises(ValueError, match="table 'tX'") as e:

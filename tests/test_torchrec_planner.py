@@ -199,15 +199,34 @@ def test_consumer_topology_rejects_unknown_gpus_and_feeds_the_planner() -> None:
         ({}, "sgd", 0.01),
         ({"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.3}, "sgd", 0.3),
         ({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05, "eps": 1e-6}, "rowwise_adagrad", 0.05),
+        # FBGEMM's Adagrad kernel takes no weight decay: accepted without effect, as stock
+        ({"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.1, "weight_decay": 0.5}, "adagrad", 0.1),
+        ({"optimizer": EmbOptimType.ADAM}, "adam", 0.01),
+        (
+            {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.2, "eps": 1e-6, "beta1": 0.8, "beta2": 0.9, "weight_decay": 0.5},
+            "adam",
+            0.2,
+        ),
     ],
 )
 def test_fused_params_map_to_the_engine_optimizer(fused: Dict[str, object], kind: str, lr: float) -> None:
     spec = optimizer_spec(fused, "t0")
     assert (spec.kind, spec.lr) == (kind, lr)
     assert spec.eps == fused.get("eps", 1e-8)
+    adam = kind == "adam"  # FBGEMM's defaults where fused_params omit them; only Adam reads the rest
+    assert (spec.beta1, spec.beta2) == ((fused.get("beta1", 0.9), fused.get("beta2", 0.999)) if adam else (0.9, 0.999))
+    assert spec.weight_decay == (fused.get("weight_decay", 0.0) if adam else 0.0)
 
 
-@pytest.mark.parametrize("fused", [{"optimizer": EmbOptimType.EXACT_ADAGRAD}, {"weight_decay": 0.1}])
+@pytest.mark.parametrize(
+    "fused",
+    [
+        {"optimizer": EmbOptimType.PARTIAL_ROWWISE_ADAM},
+        {"weight_decay": 0.1},
+        {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "weight_decay": 0.1},
+        {"optimizer": EmbOptimType.ADAM, "beta2": 1.0},
+    ],
+)
 def test_unsupported_fused_optimizers_are_refused_by_name(fused: Dict[str, object]) -> None:
     with pytest.raises(ValueError, match="table 'tX'"):
         optimizer_spec(fused, "tX")

@@ -172,7 +172,7 @@ class Workload:
     batch_size: int
     world_size: int
     threads_per_rank: Optional[int] = None  # cpu: intra-op threads per rank (None: cores // ranks)
-    state_floats_per_row: float = 1.0  # optimizer state per row: row-wise Adagrad 1, SGD 0, Adam 2 x dim
+    state_floats_per_row: float = 1.0  # optimizer state per row: row-wise Adagrad 1, SGD 0, Adagrad dim, Adam 2 x dim
     dense_state_floats: float = 1.0  # dense optimizer state per parameter (Adagrad 1)
     presample_draws: Optional[float] = None  # ids per table counted to pick Frugal's hot rows; None: exact
     nodes: int = 1  # machines; world_size ranks split evenly over them (TorchRec's local_world_size)

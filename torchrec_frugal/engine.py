@@ -160,6 +160,9 @@ class FrugalEngine:
         self._grad_staging = GradientStaging(d, self.device)
 
         self.step = 0
+        # The optimizer's iteration (FBGEMM's ``iter``: forwards of the table's kernel) less the
+        # steps: reads outside the steps count as forwards, and set_optimizer_iteration moves it.
+        self._iteration_offset = 0
         self._in_step = False
         self._recorder = StepRecorder()
         self.last_metrics: Optional[StepMetrics] = None  # of the newest step whose update is done
@@ -275,6 +278,17 @@ class FrugalEngine:
 
         return self.control.wait(WAIT_GATE, lambda: lagging_owners(self.control, s), f"the gate of step {s}", idle)
 
+    @property
+    def optimizer_iteration(self) -> int:
+        """Forwards so far as FBGEMM's kernel counts them (its ``iter``): every step, and every read
+        outside the steps; Adam's bias correction of the next step uses t = this + 1."""
+        return self.step + self._iteration_offset
+
+    def set_optimizer_iteration(self, iteration: int) -> None:
+        """Make the next step's update run as the ``iteration + 1``-th forward (as FBGEMM's
+        ``set_optimizer_step``), e.g. after loading a checkpoint of a run that had done ``iteration``."""
+        self._iteration_offset = iteration - self.step
+
     def lookup(self, rows: Rows) -> torch.Tensor:
         """Current values of ``rows`` [n] -> [n, dim]: own store where held, host otherwise.
 
@@ -282,8 +296,13 @@ class FrugalEngine:
         all others from host memory (on CUDA through the mapped host tables), both straight
         into the output. A plan made ahead (:meth:`plan_step`) saves the split and the copy of
         its indices: the training thread then only launches the gathers.
+
+        A lookup outside a step (an evaluation between steps, after :meth:`flush`) counts as a
+        forward in :attr:`optimizer_iteration`, as every forward of FBGEMM's kernel does.
         """
         self._raise_if_failed()
+        if not self._in_step:
+            self._iteration_offset += 1
         t0 = time.perf_counter()
         if isinstance(rows, StepPlan):
             self._rows(rows, "lookup")
@@ -328,26 +347,27 @@ class FrugalEngine:
             raise FrugalInputError(
                 f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
             )
-        reads_done = self._reads_done
+        reads_done, iteration = self._reads_done, self.optimizer_iteration
         grads = grads.detach()
         if divide_by != 1 and grads.device.type != "cpu":
             grads, divide_by = grads / divide_by, 1
         if self.exchange_worker is None:
-            self._guard(lambda: self._update(s, rows, grads.to("cpu", torch.float32), reads_done, divide_by))
+            self._guard(lambda: self._update(s, iteration, rows, grads.to("cpu", torch.float32), reads_done, divide_by))
         else:  # launch the copy to host, hand the step over, and go on
             host_grads, copied = self._grad_staging.to_host(grads)
             self._gate_ticket = self.exchange_worker.submit(
-                lambda: self._update_handed_over(s, rows, host_grads, copied, reads_done, divide_by)
+                lambda: self._update_handed_over(s, iteration, rows, host_grads, copied, reads_done, divide_by)
             )
         self._in_step = False
         self.step = s + 1
 
     def _update_handed_over(
-        self, s: int, rows: torch.Tensor, grads: torch.Tensor, copied: Marker, reads_done: Marker, divide_by: int
+        self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, copied: Marker, reads_done: Marker,
+        divide_by: int,
     ) -> None:
         """Step ``s``'s update on the exchange worker, once its gradients are on the host."""
         copied.synchronize()
-        self._guard(lambda: self._update(s, rows, grads, reads_done, divide_by))
+        self._guard(lambda: self._update(s, iteration, rows, grads, reads_done, divide_by))
 
     def drain(self) -> None:
         """Wait until the exchange worker has done every step handed over; raises its failure."""
@@ -355,7 +375,9 @@ class FrugalEngine:
             self.exchange_worker.drain(self.config.timeout_s)
         self._raise_if_failed()
 
-    def _update(self, s: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int) -> None:
+    def _update(
+        self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int
+    ) -> None:
         flusher, feed, rec = self.flusher, self.lookahead_feed, self._recorder
         t0 = time.perf_counter()
         if divide_by != 1:
@@ -375,7 +397,7 @@ class FrugalEngine:
             feed.retire(s)
             flusher.queue.advance(s + 1)
             t4 = time.perf_counter()
-            held = self.owner_update.apply(s, owned, summed)
+            held = self.owner_update.apply(iteration, owned, summed)
             updated = self.streams.mark()
             t5 = time.perf_counter()
             flusher.queue_writes(held, feed.priorities(held, s), updated)

@@ -29,8 +29,9 @@ class OwnerUpdate:
         self.device = host.device
         self.in_place = in_place
 
-    def apply(self, step: int, rows: np.ndarray, grads: torch.Tensor) -> np.ndarray:
-        """Update the unique owned ``rows`` with their summed ``grads`` (CPU) of ``step``; returns
+    def apply(self, iteration: int, rows: np.ndarray, grads: torch.Tensor) -> np.ndarray:
+        """Update the unique owned ``rows`` with their summed ``grads`` (CPU) at the optimizer's
+        ``iteration`` (see :func:`~torchrec_frugal.optimizers.apply_update`); returns
         the rows updated in the store, whose host writes are now pending (the others were
         updated in host memory).
 
@@ -39,7 +40,7 @@ class OwnerUpdate:
         store = self.store
         slots = store.slot_of[rows]
         if self.in_place:
-            rows, slots, grads = self._update_in_host(step, rows, slots, grads)
+            rows, slots, grads = self._update_in_host(iteration, rows, slots, grads)
         fresh = slots < 0
         if fresh.any():
             new_rows = rows[fresh]
@@ -52,13 +53,13 @@ class OwnerUpdate:
         sl = torch.from_numpy(slots).to(self.device)
         w = store.weights.index_select(0, sl)
         st = store.state.index_select(0, sl)
-        apply_update(self.optimizer, w, st, grads.to(self.device), step)
+        apply_update(self.optimizer, w, st, grads.to(self.device), iteration)
         store.weights.index_copy_(0, sl, w)
         store.state.index_copy_(0, sl, st)
         return rows
 
     def _update_in_host(
-        self, step: int, rows: np.ndarray, slots: np.ndarray, grads: torch.Tensor
+        self, iteration: int, rows: np.ndarray, slots: np.ndarray, grads: torch.Tensor
     ) -> Tuple[np.ndarray, np.ndarray, torch.Tensor]:
         """Update clean uncached rows straight in host memory; return the rows the store holds.
 
@@ -74,7 +75,7 @@ class OwnerUpdate:
         here = torch.from_numpy(rows[~held])
         w = host_w.index_select(0, here)
         st = host_s.index_select(0, here)
-        apply_update(self.optimizer, w, st, grads.index_select(0, torch.from_numpy(np.flatnonzero(~held))), step)
+        apply_update(self.optimizer, w, st, grads.index_select(0, torch.from_numpy(np.flatnonzero(~held))), iteration)
         host_w.index_copy_(0, here, w)
         if self.store.state_width:
             host_s.index_copy_(0, here, st)

@@ -13,9 +13,26 @@ import torch.distributed as dist
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata, TensorProperties
 
-# Optimizer state columns by engine optimizer kind, named as FBGEMM's EmbeddingFusedOptimizer
-# names them in state_dict (``<table>.momentum1`` is the row-wise Adagrad accumulator).
-OPTIMIZER_STATE_NAMES: Dict[str, Tuple[str, ...]] = {"sgd": (), "rowwise_adagrad": ("momentum1",)}
+# The optimizer states of each engine optimizer kind, in the order of their columns in the engine's
+# state, named as TorchRec's EmbeddingFusedOptimizer names them in state_dict: ``<table>.momentum1``
+# for FBGEMM's first state (row-wise Adagrad's accumulator [rows], Adagrad's [rows, dim], Adam's
+# exp_avg [rows, dim]), then FBGEMM's own key (Adam's exp_avg_sq [rows, dim]).
+OPTIMIZER_STATE_NAMES: Dict[str, Tuple[str, ...]] = {
+    "sgd": (),
+    "rowwise_adagrad": ("momentum1",),
+    "adagrad": ("momentum1",),
+    "adam": ("momentum1", "exp_avg_sq"),
+}
+
+ROWWISE_KINDS = ("rowwise_adagrad",)
+"""Kinds whose state is one value per row ([rows] in a checkpoint; the others' are [rows, dim])."""
+
+
+def state_columns(kind: str, state_width: int) -> Dict[str, slice]:
+    """The engine's state columns of each named state of optimizer ``kind`` (equal widths)."""
+    names = OPTIMIZER_STATE_NAMES[kind]
+    width = state_width // len(names) if names else 0
+    return {name: slice(i * width, (i + 1) * width) for i, name in enumerate(names)}
 
 
 def row_blocks(num_rows: int, world_size: int) -> List[Tuple[int, int]]:

@@ -28,9 +28,14 @@ from .checkpoint import row_layout
 from ..step_plan import StepPlan
 from .types import OPTIMIZER_KINDS, FrugalTable
 
-# FBGEMM TBE defaults (split_table_batched_embeddings_ops_training), used when fused_params omit them.
-_FBGEMM_LEARNING_RATE = 0.01
-_FBGEMM_EPS = 1.0e-8
+# FBGEMM TBE defaults (SplitTableBatchedEmbeddingBagsCodegen's arguments), used when fused_params omit them.
+_FBGEMM_DEFAULTS = {"learning_rate": 0.01, "eps": 1.0e-8, "beta1": 0.9, "beta2": 0.999, "weight_decay": 0.0}
+_SPEC_FIELDS = {"learning_rate": "lr"}  # OptimizerSpec's name of a fused_params key, where they differ
+
+# The optimizers whose FBGEMM kernel applies weight_decay (decoupled, inside Adam's step). EXACT_ADAGRAD's
+# kernel takes none (stock ignores the key); EXACT_SGD's takes none either, and EXACT_ROWWISE_ADAGRAD's
+# applies it only with a weight_decay_mode: frugal refuses those two non-zero (kept as it was).
+_WEIGHT_DECAY_IGNORED = (EmbOptimType.EXACT_ADAGRAD,)
 
 
 def optimizer_spec(fused_params: Dict[str, Any], table: str) -> OptimizerSpec:
@@ -41,13 +46,18 @@ def optimizer_spec(fused_params: Dict[str, Any], table: str) -> OptimizerSpec:
     if opt not in OPTIMIZER_KINDS:
         supported = ", ".join(f"EmbOptimType.{o.name}" for o in OPTIMIZER_KINDS)
         raise ValueError(f"table {table!r}: frugal sharding supports the fused optimizers {supported}, got {opt}")
-    if fused_params.get("weight_decay", 0.0):
+    values = {key: fused_params.get(key, default) for key, default in _FBGEMM_DEFAULTS.items()}
+    if opt != EmbOptimType.ADAM:  # only Adam's kernel reads the betas (any value is accepted otherwise)
+        del values["beta1"], values["beta2"]
+    if opt in _WEIGHT_DECAY_IGNORED:
+        values["weight_decay"] = 0.0  # FBGEMM's kernel does not read it
+    elif values["weight_decay"] and opt != EmbOptimType.ADAM:
         raise ValueError(f"table {table!r}: frugal sharding does not apply weight_decay with {opt}")
-    return OptimizerSpec(
-        kind=OPTIMIZER_KINDS[opt],
-        lr=float(fused_params.get("learning_rate", _FBGEMM_LEARNING_RATE)),
-        eps=float(fused_params.get("eps", _FBGEMM_EPS)),
-    )
+    try:
+        hyper = {_SPEC_FIELDS.get(key, key): float(value) for key, value in values.items()}
+        return OptimizerSpec(kind=OPTIMIZER_KINDS[opt], **hyper)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"table {table!r}: fused_params of {opt}: {e}") from None
 
 
 @dataclass
@@ -116,6 +126,10 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         # re-read from host before the next read (refresh_caches), so what was written into the
         # views (dcp.load into a state_dict) is what trains on.
         self._views_out = False
+        # (host view, copy) of the optimizer state columns state_block() could only copy, the latest
+        # per (table, first column): written back into host whenever host is read (a state_dict, a
+        # load, a forward), as a view's would be there already; dropped at the next forward.
+        self._copies_out: Dict[Tuple[str, int], Tuple[torch.Tensor, torch.Tensor]] = {}
         self._optim = FrugalFusedOptimizer(self)
 
     @property
@@ -201,6 +215,7 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
 
     def ensure_flushed(self) -> None:
         """Collective: make host equal the caches, unless no step ran since the last flush."""
+        self._write_back_copies()
         self.close_open_step()
         if self._flushed_step != self.engine.step:
             self.engine.flush()
@@ -212,7 +227,14 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         checkpoint loaded in place) is what is read and updated next."""
         if self._views_out:
             self._views_out = False
+            self._write_back_copies()
+            self._copies_out.clear()
             self.engine.reload_from_host()
+
+    def _write_back_copies(self) -> None:
+        """Write what :meth:`state_block` handed out as copies back into host (no step ran since)."""
+        for view, copy in self._copies_out.values():
+            view.copy_(copy)
 
     # ------------------------------------------------------------------ checkpoint rows
     def checkpoint_blocks(self, table: str) -> List[Tuple[int, int]]:
@@ -254,6 +276,19 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         self._views_out = True
         return self.engine.host_block(lo, lo + count)
 
+    def state_block(self, table: str, first: int, count: int, columns: slice) -> torch.Tensor:
+        """Optimizer state ``columns`` of rows [first, first + count) of ``table`` as :meth:`block`
+        hands them out: a view of host memory where those columns are contiguous (every state but
+        Adam's two moments, which interleave per row), else a copy written back into host before
+        host is next read, so that a checkpoint loaded into it in place is restored all the same."""
+        _, state = self.block(table, first, count)
+        part = state[:, columns]
+        if part.is_contiguous():
+            return part
+        copy = part.clone()
+        self._copies_out[(table, columns.start)] = (part, copy)
+        return copy
+
     def write(self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]) -> None:
         """Collective load of (table, ids, weights or None, state or None) parts held by this rank.
 
@@ -261,6 +296,7 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
         tables: no rank gathers another's rows. Values not given keep their current host copy.
         """
         self.ensure_flushed()
+        self._copies_out.clear()  # older than what is written now
         d, sw = self.engine.dim, self.engine.state_width
         self.engine.write_rows(
             [

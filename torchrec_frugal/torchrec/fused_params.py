@@ -8,8 +8,10 @@ other key is refused, naming the key, its value and the table, when the sharder 
 
 Honoured exactly:
 
-- ``optimizer`` (EXACT_SGD, EXACT_ROWWISE_ADAGRAD), ``learning_rate``, ``eps``, ``weight_decay``
-  (0 only): the engine's :class:`~torchrec_frugal.config.OptimizerSpec`, see ``optimizer_spec``.
+- ``optimizer`` (EXACT_SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM), ``learning_rate``, ``eps``,
+  ``beta1``, ``beta2`` (Adam's; no effect otherwise, as in FBGEMM), ``weight_decay`` (ADAM: decoupled,
+  as FBGEMM's kernel applies it; EXACT_ADAGRAD: no effect, its kernel takes none; 0 only otherwise):
+  the engine's :class:`~torchrec_frugal.config.OptimizerSpec`, see ``optimizer_spec``.
 - ``gradient_clipping`` / ``max_gradient``: FBGEMM clamps the gradient of the kernel's output,
   element by element, to [-max_gradient, max_gradient] before its backward sums it per row
   (``clamp(grad_outputs[0], -max_gradient, max_gradient)`` in the lookup's autograd backward): a
@@ -42,8 +44,18 @@ OUTPUT_DTYPES: Dict[SparseType, torch.dtype] = {
 }
 """The ``output_dtype`` values frugal tables honour, as torch dtypes."""
 
-HONOURED = ("optimizer", "learning_rate", "eps", "weight_decay", "gradient_clipping", "max_gradient", "output_dtype")
-"""Keys whose effect frugal tables reproduce (``weight_decay``: 0 only)."""
+HONOURED = (
+    "optimizer",
+    "learning_rate",
+    "eps",
+    "beta1",
+    "beta2",
+    "weight_decay",
+    "gradient_clipping",
+    "max_gradient",
+    "output_dtype",
+)
+"""Keys whose effect frugal tables reproduce (``weight_decay``: see ``optimizer_spec``)."""
 
 WITHOUT_EFFECT = (
     # FBGEMM's UVM cache and memory placement: frugal tables have their own static caches, sized
@@ -68,11 +80,9 @@ WITHOUT_EFFECT = (
     "stats_reporter_config",
     # Rounds FP16 and INT8 weights only; frugal tables store FP32 (other data types are refused).
     "stochastic_rounding",
-    # Hyperparameters of optimizers other than EXACT_SGD and EXACT_ROWWISE_ADAGRAD (refused above).
+    # Hyperparameters of optimizers frugal tables do not run (refused through ``optimizer``).
     "momentum",
     "eta",
-    "beta1",
-    "beta2",
 )
 """Keys accepted with any value: they tune FBGEMM's kernels, which frugal tables do not run."""
 

@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.optim.fused import FusedOptimizer
 
-from .checkpoint import OPTIMIZER_STATE_NAMES, held_rows, rows_sharded_tensor
+from .checkpoint import ROWWISE_KINDS, held_rows, rows_sharded_tensor, state_columns
 from .types import FrugalTable
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class FusedTableGroup(Protocol):
 
     def read(self, table: str, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
-    def block(self, table: str, first: int, count: int) -> Tuple[torch.Tensor, torch.Tensor]: ...
+    def state_block(self, table: str, first: int, count: int, columns: slice) -> torch.Tensor: ...
 
     def write(
         self, parts: Sequence[Tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]
@@ -48,50 +48,53 @@ class FusedTableGroup(Protocol):
 
 
 class FrugalOptimizerState:
-    """One row-wise optimizer state of one table (``<table>.momentum1``), read from host on demand.
+    """One optimizer state of one table (``<table>.momentum1``), read from host on demand.
 
     KeyedOptimizer turns it into a ShardedTensor through ``state_dict()`` and loads one through
-    ``load_state_dict()``, so checkpoints look like those of FBGEMM's fused optimizer.
+    ``load_state_dict()``, so checkpoints look like those of FBGEMM's fused optimizer: [rows] for a
+    row-wise state (one column of the engine's state), [rows, dim] for an element-wise one.
     """
 
-    def __init__(self, group: FusedTableGroup, table: str, column: int) -> None:
+    def __init__(self, group: FusedTableGroup, table: str, name: str, columns: slice, rowwise: bool) -> None:
         self._group = group
         self._table = table
-        self._column = column
+        self.name = name
+        self._columns = columns
+        self._rowwise = rowwise
 
     def _table_spec(self) -> FrugalTable:
         return self._group.tables[self._group.table_index[self._table]]
 
-    def _num_rows(self) -> int:
-        return self._table_spec().table_rows
+    def _shape(self) -> Tuple[int, ...]:
+        rows = self._table_spec().table_rows
+        return (rows,) if self._rowwise else (rows, self._columns.stop - self._columns.start)
+
+    def _of(self, state: torch.Tensor) -> torch.Tensor:
+        """This state's view of rows of the engine's state [n, state_width]."""
+        return state[:, self._columns.start] if self._rowwise else state[:, self._columns]
 
     def state_dict(self) -> ShardedTensor:
         g = self._group
         g.ensure_flushed()
         first, size = g.own_block(self._table)
-        _, state = g.block(self._table, first - self._table_spec().row_offset, size)
-        # A view, like the weights': dcp.load into it restores the state in place (see ``block``).
-        return rows_sharded_tensor(state[:, self._column], self._num_rows(), g.checkpoint_pg, g.checkpoint_blocks(self._table))
+        local = g.state_block(self._table, first - self._table_spec().row_offset, size, self._columns)
+        # A view like the weights' (or a copy written back): dcp.load into it restores the state in place.
+        local = local[:, 0] if self._rowwise else local
+        return rows_sharded_tensor(local, self._shape()[0], g.checkpoint_pg, g.checkpoint_blocks(self._table))
 
     def load_state_dict(self, value: Union[ShardedTensor, torch.Tensor]) -> None:
         g = self._group
-        if isinstance(value, torch.Tensor) and tuple(value.shape) != (self._num_rows(),):
-            raise ValueError(
-                f"optimizer state {self._table}.{self.name}: expected shape {(self._num_rows(),)}, got {tuple(value.shape)}"
-            )
+        what = f"optimizer state {self._table}.{self.name}"
+        if isinstance(value, torch.Tensor) and tuple(value.shape) != self._shape():
+            raise ValueError(f"{what}: expected shape {self._shape()}, got {tuple(value.shape)}")
         g.ensure_flushed()
         parts = []
-        what = f"optimizer state {self._table}.{self.name}"
         for first, rows in held_rows(value, what, g.checkpoint_pg, g.checkpoint_blocks(self._table)):
             ids = g.engine_ids(self._table, first, rows.shape[0], what)
             _, state = g.read(self._table, ids)
-            state[:, self._column] = rows.reshape(-1).to(state.dtype)
+            self._of(state).copy_(rows.reshape(self._of(state).shape))
             parts.append((self._table, ids, None, state))
         g.write(parts)
-
-    @property
-    def name(self) -> str:
-        return OPTIMIZER_STATE_NAMES[self._group.engine.optimizer.kind][self._column]
 
 
 class FrugalFusedOptimizer(FusedOptimizer):
@@ -99,11 +102,13 @@ class FrugalFusedOptimizer(FusedOptimizer):
 
     def __init__(self, group: FusedTableGroup) -> None:
         self._group = group
-        names = OPTIMIZER_STATE_NAMES[group.engine.optimizer.kind]
+        kind = group.engine.optimizer.kind
+        columns = state_columns(kind, group.engine.state_width)
         params = {f"{t.name}.weight": group.placeholders[t.name] for t in group.tables}
         state: Dict[Any, Any] = {
             group.placeholders[t.name]: {
-                f"{t.name}.{name}": FrugalOptimizerState(group, t.name, column) for column, name in enumerate(names)
+                f"{t.name}.{name}": FrugalOptimizerState(group, t.name, name, cols, kind in ROWWISE_KINDS)
+                for name, cols in columns.items()
             }
             for t in group.tables
         }
@@ -116,6 +121,11 @@ class FrugalFusedOptimizer(FusedOptimizer):
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         self._sync_lr()
+
+    def set_optimizer_step(self, step: int) -> None:
+        """As TorchRec's fused optimizer (FBGEMM's ``set_optimizer_step``): the next update runs as
+        iteration ``step + 1`` of Adam's bias correction, e.g. on resuming a run that had done ``step``."""
+        self._group.engine.set_optimizer_iteration(step)
 
     def step(self, closure: Any = None) -> None:
         self._sync_lr()

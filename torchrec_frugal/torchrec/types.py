@@ -27,6 +27,8 @@ FRUGAL_TYPES = (FRUGAL, FRUGAL_ROW_WISE)
 OPTIMIZER_KINDS: Dict[EmbOptimType, str] = {
     EmbOptimType.EXACT_SGD: "sgd",
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad",
+    EmbOptimType.EXACT_ADAGRAD: "adagrad",
+    EmbOptimType.ADAM: "adam",
 }
 """The fused optimizers frugal tables run, as the engine's optimizer kinds."""
 

@@ -6,7 +6,8 @@ every sharding and is left out) and adds up each call's payload: for every peer,
 rank hands the collective for that peer, counted once, whatever algorithm the backend runs. A
 peer is on another node when its rank // ranks-per-node differs from this rank's. That is the
 figure that crosses the network between machines, for a row-wise sharding of the tables over
-nodes against one that keeps them inside the node.
+nodes against one that keeps them inside the node. FrugalTrainPipeline's agreement on each batch
+read (4 bytes per rank, on a group of its own) is control traffic, left out like DDP's all-reduce.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
+from torchrec_frugal.torchrec.batch_agreement import is_agreement_group
 
 COUNTED = ("all_to_all_single", "all_to_all", "reduce_scatter", "reduce_scatter_tensor", "all_gather_into_tensor", "all_gather")
 
@@ -47,6 +50,8 @@ class CommCounter:
         @functools.wraps(fn)
         def counted(*args: Any, **kwargs: Any) -> Any:
             group = kwargs.get("group")
+            if is_agreement_group(group):
+                return fn(*args, **kwargs)
             if name == "all_to_all_single":
                 self._all_to_all_single(args[1] if len(args) > 1 else kwargs["input"],
                                         args[3] if len(args) > 3 else kwargs.get("input_split_sizes"), group)  # fmt: skip

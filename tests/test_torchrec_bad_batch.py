@@ -6,7 +6,8 @@ fine). Every rank's ``progress()`` raises at the step that would have trained it
 having run nothing of it (no rank aborts); the loop catches the error and goes on, and the run
 trains, bit for bit, as the same run on streams from which that step's batches were removed. Also
 covered: the first batch refused (read before the model is traced), the last one, two in a row,
-the inline planner, and a window of 0.
+the inline planner, a window of 0, batches not planned (``planner="none"``), and frugal_row_wise
+tables across two nodes (their batches are checked on the training thread, not planned).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ SCENARIOS: Dict[str, Tuple[str, int, Set[Tuple[int, int]]]] = {
     "both_ranks": ("thread", 6, {(7, 0), (7, 1)}),
     "inline": ("inline", 6, {(5, 1)}),
     "window_0": ("thread", 0, {(5, 0)}),
+    "unplanned": ("none", 6, {(5, 1)}),  # checked on the training thread when read
 }
 
 
@@ -52,14 +54,14 @@ def stream(bad: Set[Tuple[int, int]], skip: Set[int]) -> Iterator[Any]:
         yield b
 
 
-def train(planner: str, lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int]) -> Dict[str, Any]:
+def train(planner: str, lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int], sharding: str = "frugal") -> Dict[str, Any]:
     """Run the pipeline to the end of the stream, catching refusals: losses, errors by progress() call, tables."""
     from torchrec_frugal.config import FrugalConfig
     from torchrec_frugal.errors import FrugalInputError
     from torchrec_frugal.torchrec import FrugalTrainPipeline
 
     dmp, opt, key = build(
-        dist.get_world_size(), "frugal", "adagrad", config=FrugalConfig(lookahead=lookahead, cache_ratio=0.05, timeout_s=60.0)
+        dist.get_world_size(), sharding, "adagrad", config=FrugalConfig(lookahead=lookahead, cache_ratio=0.05, timeout_s=60.0)
     )
     pipe = FrugalTrainPipeline(dmp, opt, torch.device("cpu"), planner=planner)
     source = stream(bad, skip)
@@ -89,6 +91,30 @@ def _rank_main(rank: int, world: int) -> Dict[str, Any]:
 @pytest.fixture(scope="module")
 def world2() -> List[Dict[str, Any]]:
     return run_ranks(2, _rank_main)
+
+
+ROW_WISE_BAD = {(5, 1)}
+
+
+def _nodes_main(rank: int, world: int) -> Dict[str, Any]:
+    """frugal_row_wise tables over 2 nodes of 1 rank (batches checked, not planned: their ids cross nodes)."""
+    torch.set_num_threads(1)
+    return {
+        "bad": train("thread", 4, ROW_WISE_BAD, set(), "frugal_row_wise"),
+        "reference": train("thread", 4, set(), {s for s, _ in ROW_WISE_BAD}, "frugal_row_wise"),
+    }
+
+
+def test_a_refused_batch_is_dropped_on_every_node_with_frugal_row_wise_tables() -> None:
+    nodes = run_ranks(2, _nodes_main, nodes=2)
+    for rank, res in enumerate(nodes):
+        got, ref = res["bad"], res["reference"]
+        assert [call for call, _ in got["errors"]] == [5], (rank, got["errors"])
+        assert "batch 5 read by FrugalTrainPipeline is dropped on every rank" in got["errors"][0][1]
+        assert got["losses"].shape == (STEPS - 1,)
+        np.testing.assert_array_equal(got["losses"], ref["losses"])
+        for a, b in zip(got["tables"], ref["tables"]):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

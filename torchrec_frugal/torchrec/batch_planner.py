@@ -28,7 +28,8 @@ from typing import Any, Callable, Deque, List, Optional, Sequence
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..errors import FrugalError, FrugalInputError
+from ..errors import FrugalError
+from .batch_agreement import Agree, agreed_refusal
 from .embedding_lookup import BatchPlan
 from .embedding_types import FrugalShardedModuleMixin
 
@@ -78,10 +79,6 @@ def plan_modules(modules: Sequence[FrugalShardedModuleMixin], features: Sequence
     return [m.plan_batch(_on_cpu(f)) for m, f in zip(modules, features)]
 
 
-Agree = Callable[[int, bool], List[int]]
-"""Given a batch's index and whether this rank failed to plan it, the ranks that failed (a collective)."""
-
-
 @dataclass
 class PlanJob:
     """One batch handed to the planner: ``copied`` is set once its ids are copied (or failed to
@@ -119,25 +116,11 @@ class PlanJob:
             except BaseException as e:
                 error = e
         self.features = None
-        if isinstance(error, FrugalInputError):
-            error = self._dropped(str(error), error)
-        if self.agree is not None:
-            try:
-                refused = self.agree(self.index, error is not None)
-                if error is None and refused:
-                    error = self._dropped(f"rank(s) {refused} refused theirs (their error names the feature and the id)")
-            except BaseException as e:
-                error = error or e
+        error = agreed_refusal(self.index, error, self.agree)
         if error is None:
             self.plans.set_result(result)  # type: ignore[arg-type]
         else:
             self.plans.set_exception(error)
-
-    def _dropped(self, why: str, cause: Optional[BaseException] = None) -> FrugalInputError:
-        """The error of a batch refused on some rank, naming it and what becomes of it."""
-        error = FrugalInputError(f"batch {self.index} read by FrugalTrainPipeline is dropped on every rank: {why}")
-        error.__cause__ = cause
-        return error
 
 
 class _PlannerThread:

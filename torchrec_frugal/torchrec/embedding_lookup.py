@@ -150,6 +150,11 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         The costly part of a batch's lookup (validation and unique), computed once per batch: when
         the batch was announced, or else by its forward.
         """
+        return [torch.unique(fused, return_inverse=True) for fused in self.fused_ids(features)]
+
+    def fused_ids(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
+        """Per group, the batch's ids as the group's fused rows, in the batch's order; raises,
+        naming the feature, on an id out of range or of a wrong dtype."""
         self._check_layout(features)
         values, keys, opk = features.values(), features.keys(), features.offset_per_key()
         out = []
@@ -167,8 +172,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                     except FrugalInputError as e:
                         raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
                 raise AssertionError("the batched id check and the per-table one disagree")
-            rows, inverse = torch.unique(fused, return_inverse=True)
-            out.append((rows, inverse))
+            out.append(fused)
         return out
 
     def _rows_for_forward(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:

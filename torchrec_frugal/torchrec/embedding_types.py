@@ -209,6 +209,18 @@ class FrugalShardedModuleMixin:
         for lookup, r in zip(self.frugal_lookups(), rows):
             lookup.announce(r)
 
+    def check_batch(self, features: KeyedJaggedTensor) -> None:
+        """Raise, changing nothing, if a future batch's ``features`` would be refused at its step
+        (a missing feature, VBE, an id out of range): the check of a batch that is not planned
+        (frugal_row_wise's ids are checked before they cross nodes, the others' as fused rows)."""
+        check_features(features, self._frugal_features, type(self).__name__)
+        check_row_wise_ids(features, self._row_wise_limits)
+        keys = features.keys()
+        for lookup in self.frugal_lookups():
+            if lookup.plans_anywhere:
+                names = lookup.feature_names
+                lookup.fused_ids(features if keys == names else features.permute([keys.index(f) for f in names]))
+
     # ------------------------------------------------------------------ batches planned ahead
     def plans_anywhere(self) -> bool:
         """Whether :meth:`plan_batch` may run on a planner thread (no lookup announces through a collective)."""

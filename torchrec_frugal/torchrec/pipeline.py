@@ -10,8 +10,9 @@ thread by default; the loader is asked for the next batch once the copy is made)
 pipeline hands the plan to that batch's forward, which then launches its gathers and pooling
 without reading the batch's ids on the host.
 
-A batch refused while it is planned (an id out of range, a feature missing) is refused on every
-rank (:mod:`.batch_agreement`) and dropped from the stream: ``progress()`` raises its error at the
+A batch refused while it is planned (an id out of range, a feature missing; a batch that is not
+planned is checked when read) is refused on every rank (:mod:`.batch_agreement`) and dropped from
+the stream: ``progress()`` raises its error at the
 step that would have trained it, having done nothing, and the next ``progress()`` trains the
 next batch, every rank in step, as if the refused one had never been read.
 """
@@ -28,8 +29,8 @@ from torchrec.distributed.train_pipeline.pipeline_context import In, Out, TrainP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import check_int
-from ..errors import FrugalError
-from .batch_agreement import BatchAgreement
+from ..errors import FrugalError, FrugalInputError
+from .batch_agreement import BatchAgreement, agreed_refusal
 from .batch_planner import BatchPlanner, ModulePlans, PlanJob
 from .embedding_types import FrugalShardedModuleMixin
 
@@ -41,7 +42,9 @@ class _ReadBatch:
     batch: Any
     index: int  # its place in the stream read
     plans: Optional[PlanJob] = None
-    unchecked: bool = False  # handed to TorchRec before it could be planned (the first batch)
+    checked: bool = False  # not planned: checked on the training thread, and agreed on
+    refused: Optional[BaseException] = None  # not planned: why it is refused on every rank
+    unchecked: bool = False  # handed to TorchRec before it could be planned or checked (the first batch)
     # Errors of the refused batches read just before it: raised, one a step, before its step
     dropped_before: List[BaseException] = field(default_factory=list)
 
@@ -161,7 +164,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 window = self._requested_lookahead
             self._window = window
             self._planning = self._planner.enabled and bool(self._frugal) and all(m.plans_anywhere() for m in self._frugal)
-            if self._planning and self._agreement is None:
+            if self._frugal and self._agreement is None:
                 pg, timeout_s = self._frugal[0].agreement_group()
                 if pg is not None and dist.get_world_size(pg) > 1:
                     self._agreement = BatchAgreement(pg, timeout_s)
@@ -201,19 +204,30 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 break
             dropped.append(error)  # refused on every rank: never handed to TorchRec
         entry.dropped_before.extend(dropped)
-        entry.unchecked = entry.plans is None and self._planner.enabled and self._frugal is None
+        entry.unchecked = self._frugal is None
         self._handed.append(entry)
         return entry.batch
 
     # ------------------------------------------------------------------ plans
     def _start_plan(self, entry: _ReadBatch) -> None:
-        """Hand ``entry`` to the planner (copied, then planned), once the frugal modules are known
-        (batches read before the model was traced are planned when first needed)."""
+        """Hand ``entry`` to the planner (copied, then planned), or check it here if batches are not
+        planned, once the frugal modules are known (batches read before the model was traced are
+        planned or checked when first needed); either way the ranks then agree on it."""
         modules = self._frugal_modules()
-        if entry.plans is not None or not self._planning or not modules:
+        if entry.plans is not None or entry.checked or not modules:
             return
         agree = self._agreement.refused_by if self._agreement is not None else None
-        entry.plans = self._planner.submit(modules, entry.batch, entry.index, self._module_features, self._pin, agree)
+        if self._planning:
+            entry.plans = self._planner.submit(modules, entry.batch, entry.index, self._module_features, self._pin, agree)
+            return
+        error: Optional[BaseException] = None
+        try:
+            for m in modules:
+                m.check_batch(self._module_features(m, entry.batch))
+        except FrugalInputError as e:
+            error = e
+        entry.checked = True
+        entry.refused = agreed_refusal(entry.index, error, agree)
 
     def _wait_copied(self) -> None:
         """Wait until the planner has copied the newest batch read (its plan may come later)."""
@@ -222,9 +236,9 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
             raise FrugalError(f"FrugalTrainPipeline: the planner did not copy a batch read within {_COPY_TIMEOUT_S:g} s")
 
     def _refusal(self, entry: _ReadBatch) -> Optional[BaseException]:
-        """Why ``entry`` is refused on every rank (waiting for its plan), or None (also: not planned)."""
+        """Why ``entry`` is refused on every rank (waiting for its plan), or None."""
         self._start_plan(entry)
-        return None if entry.plans is None else entry.plans.plans.exception()
+        return entry.refused if entry.plans is None else entry.plans.plans.exception()
 
     def _raise_dropped(self) -> None:
         """Raise the error of a refused batch at the step that would have trained it."""

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from test_torchrec_distributed import BATCH, DENSE_IN, DIM, ZipfBatches, initial_table, release
+from test_torchrec_distributed import train as plain_loop
 from torchrec_frugal.test_utils import run_ranks
 
 ROWS = [300, 500, 800, 1200]
@@ -255,14 +256,7 @@ def adam_load_in_place(directory: str) -> Dict[str, Any]:
     data = ZipfBatches(dist.get_rank(), ROWS)
 
     def train(start: int, stop: int) -> List[float]:
-        losses = []
-        for batch in data.batches(start, stop):
-            optimizer.zero_grad()
-            loss, _ = dmp(batch)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        return losses
+        return plain_loop(dmp, optimizer, data.batches(start, stop))
 
     train(0, EVAL_AT)
     dcp.save({"model": dmp.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=directory)

@@ -233,7 +233,8 @@ class GradientStaging:
 
     def to_host(self, grads: torch.Tensor) -> Tuple[torch.Tensor, Marker]:
         if self.device.type != "cuda":
-            return grads.to("cpu", torch.float32), REACHED
+            on_host = grads.device.type == "cpu" and grads.dtype == torch.float32
+            return (grads if on_host else grads.to("cpu", torch.float32)), REACHED
         i, self._next = self._next, 1 - self._next
         n = grads.shape[0]
         if self._bufs[i].shape[0] < n:

@@ -315,11 +315,11 @@ class FrugalEngine:
             moved = plan.packed.to(self.device, non_blocking=True)
         self._recorder.lookups += n
         self._recorder.cache_hits += plan.n_static_hits
-        hit_pos, hit_slots, miss_pos, host_rows, expand = plan.parts(moved)
+        hit_pos, hit_slots, miss_pos, host_rows, expand = parts = plan.parts(moved)
         if plan.n_miss == 0:
             out = self.store.weights.index_select(0, hit_slots)
         else:
-            from_host = self.host.read("weights", plan.parts()[3], host_rows)
+            from_host = self.host.read("weights", (parts if moved is plan.packed else plan.parts())[3], host_rows)
             if plan.n_expand:  # each distinct host row was read once: place it where it is used
                 from_host = from_host.index_select(0, expand)
             if plan.n_hit == 0:
@@ -348,7 +348,8 @@ class FrugalEngine:
                 f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
             )
         reads_done, iteration = self._reads_done, self.optimizer_iteration
-        grads = grads.detach()
+        if grads.requires_grad:
+            grads = grads.detach()
         if divide_by != 1 and grads.device.type != "cpu":
             grads, divide_by = grads / divide_by, 1
         if self.exchange_worker is None:

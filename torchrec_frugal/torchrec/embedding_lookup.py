@@ -25,7 +25,7 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
-from ..device import CopyStream, Marker
+from ..device import REACHED, CopyStream, Marker
 from ..errors import FrugalError, FrugalInputError
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
 from .types import FrugalTable
@@ -103,6 +103,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             key = (t.embedding_dim, o.kind, o.lr, o.eps, t.cache_ratio)
             keyed.setdefault(key, []).append(t)
         self.groups = nn.ModuleList(FrugalTableGroup(ts, config, pg, device, checkpoint_pg) for ts in keyed.values())
+        # The same groups as a plain list: a step's calls go through them without nn.Module's lookup.
+        self._group_list: List[FrugalTableGroup] = list(self.groups)
         where = {t.name: (gi, g.table_index[t.name]) for gi, g in enumerate(self.groups) for t in g.tables}
         self._positions: List[List[int]] = [[] for _ in self.groups]
         self._position_table: List[int] = []
@@ -289,7 +291,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
     def announce_plan(self, plan: BatchPlan) -> None:
         """Push a planned batch's rows to the engines' lookahead windows (its step plans: checked
         and owned, neither checked nor copied again)."""
-        for g, b in zip(self.groups, plan.batches):
+        for g, b in zip(self._group_list, plan.batches):
             g.announce(b.plan)
         self._announced_batches.append(None)  # its forward gets the plan itself, from use_plan
 
@@ -305,12 +307,13 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                 f"the batch trained ({features.values().numel()} ids, batch size {features.stride()}) is not the "
                 f"one planned for this step ({plan.num_values} ids, batch size {plan.stride})"
             )
-        self._copies.use([t for b in plan.batches for t in (b.inverse, b.lengths, b.offsets, b.weights)], plan.ready)
+        if plan.ready is not REACHED:
+            self._copies.use([t for b in plan.batches for t in (b.inverse, b.lengths, b.offsets, b.weights)], plan.ready)
         return plan.batches
 
     def lookahead_capacity(self) -> int:
         """How many more future steps the engines accept now."""
-        return min(g.lookahead_capacity() for g in self.groups)
+        return min(g.lookahead_capacity() for g in self._group_list)
 
     def lookahead(self) -> int:
         return min(g.engine.lookahead for g in self.groups)
@@ -318,28 +321,33 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
     # ------------------------------------------------------------------ forward
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         plan, self._next_plan = self._next_plan, None
-        if plan is not None:
+        if plan is not None:  # the batch of the step announced next: the pipeline planned it
             batches = self._planned_batches(sparse_features, plan)
+            weights = self._step(batches)
         else:
             batches = self._group_batches(sparse_features, self._rows_for_forward(sparse_features))
-        pairs = list(zip(self.groups, batches))
-        if plan is None and any(g.engine.in_step for g in self.groups) and not all(g.announced_next(b.rows) for g, b in pairs):
-            weights = self._read_within_step(batches)
-        elif plan is None and not torch.is_grad_enabled() and not all(g.fits_announced(b.rows) for g, b in pairs):
-            weights = self._read_between_steps(batches)
-        else:
-            weights = self._step(batches)
+            pairs = list(zip(self._group_list, batches))
+            if any(g.engine.in_step for g in self._group_list) and not all(g.announced_next(b.rows) for g, b in pairs):
+                weights = self._read_within_step(batches)
+            elif torch.is_grad_enabled():
+                weights = self._step(batches)
+            elif all(g.fits_announced(b.rows) for g, b in pairs):  # compared once: the step need not again
+                weights = self._step(batches, checked=True)
+            else:
+                weights = self._read_between_steps(batches)
         if self._pooled:
             return self._pool(sparse_features, batches, weights)
         return self._sequence(sparse_features, batches, weights)
 
-    def _step(self, batches: List[GroupBatch]) -> Sequence[torch.Tensor]:
-        """The rows of the engines' next step, begun with ``batches`` (ended by the backward, or now without gradients)."""
-        groups = list(self.groups)
+    def _step(self, batches: List[GroupBatch], checked: bool = False) -> Sequence[torch.Tensor]:
+        """The rows of the engines' next step, begun with ``batches`` (ended by the backward, or now
+        without gradients); ``checked``: the rows are known to be those announced for it."""
+        groups = self._group_list
         for g in groups:  # a forward whose backward never ran (its loss dropped: an eval in train mode)
             g.close_open_step()
-        for g, b, feats in zip(groups, batches, self._features_of_table):
-            g.check_announced(b.rows, feats)
+        if not checked:
+            for g, b, feats in zip(groups, batches, self._features_of_table):
+                g.check_announced(b.rows, feats)
         for g, b in zip(groups, batches):
             g.begin(b.engine_rows)
         if self._announced_batches:  # the step took its announced batch off every group

@@ -135,6 +135,7 @@ class FrugalShardedModuleMixin:
             c.name: c.init_fn for c in configs if c.init_fn is not None
         }
         self._frugal_features = [f for c in configs for f in c.feature_names]
+        self._complete_keys: Optional[List[str]] = None  # the keys of the last input found complete
         # frugal_row_wise features -> (table, rows): checked before the input dist sends their ids
         self._row_wise_limits: Dict[str, Tuple[str, int]] = {}
 
@@ -167,7 +168,10 @@ class FrugalShardedModuleMixin:
             self._register_frugal_state_hooks()
 
     def input_dist(self, ctx: Any, features: KeyedJaggedTensor) -> Awaitable[Awaitable[Any]]:
-        check_features(features, self._frugal_features, type(self).__name__)
+        keys = features.keys()
+        if keys != self._complete_keys or features.variable_stride_per_key():  # a loader's batches share their keys
+            check_features(features, self._frugal_features, type(self).__name__)
+            self._complete_keys = list(keys)
         check_row_wise_ids(features, self._row_wise_limits)
         return super().input_dist(ctx, features)  # type: ignore[misc]
 

@@ -55,6 +55,26 @@ def test_a_wait_for_a_ticket_does_not_wait_for_later_hand_offs() -> None:
     worker.stop(1)
 
 
+def test_a_step_handed_over_without_a_wake_runs_with_the_next_woken_one_or_when_waited_for() -> None:
+    ran: List[str] = []
+    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
+    worker.submit(lambda: None)
+    worker.drain(timeout_s=5)
+    time.sleep(0.05)  # the worker has gone back to sleep
+    quiet = worker.submit(lambda: ran.append("quiet"), wake=False)
+    time.sleep(0.2)
+    assert ran == [] and worker.pending == 1  # not woken for it
+    worker.submit(lambda: ran.append("woken"))  # wakes the worker: both run, in order
+    worker.drain(timeout_s=5)
+    assert ran == ["quiet", "woken"]
+    ticket = worker.submit(lambda: ran.append("waited for"), wake=False)
+    assert ticket == quiet + 2 and worker.wait_done(5, ticket) and ran[-1] == "waited for"
+    worker.submit(lambda: ran.append("drained"), wake=False)
+    worker.drain(timeout_s=5)
+    assert ran[-1] == "drained"
+    worker.stop(1)
+
+
 def test_a_drain_that_times_out_names_the_steps_left() -> None:
     worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
     gate = threading.Event()

@@ -41,14 +41,19 @@ class ExchangeWorker:
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, step: Callable[[], None]) -> int:
-        """Hand a step over (steps run in the order they are handed over); returns its ticket."""
+    def submit(self, step: Callable[[], None], wake: bool = True) -> int:
+        """Hand a step over (steps run in the order they are handed over); returns its ticket.
+
+        ``wake=False``: nobody waits for this step before the next hand-off, so an idle worker is
+        not woken for it (a wake costs the caller a switch of threads); it runs with the next step
+        handed over with ``wake``, or once anyone waits for the worker, whichever comes first."""
         with self._cv:
             if self._stopped:
                 raise FrugalError(f"{self.thread.name}: stopped, cannot take another step")
             self._todo.append(step)
             self._submitted += 1
-            self._cv.notify_all()
+            if wake:
+                self._cv.notify_all()
             return self._submitted
 
     @property
@@ -62,6 +67,8 @@ class ExchangeWorker:
         done; True if it is. A gate waiting for this rank's own update wakes here the moment the
         worker has done it, not a poll later, and does not wait for what was handed over after it."""
         with self._cv:
+            if self._todo:  # steps handed over without a wake are waited for now
+                self._cv.notify_all()
             return self._cv.wait_for(lambda: not self._unfinished(ticket), timeout_s)
 
     def done_through(self, ticket: int) -> bool:
@@ -80,6 +87,8 @@ class ExchangeWorker:
         """Wait until every step handed over is done (or the worker failed or stopped)."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
+            if self._todo:  # steps handed over without a wake are waited for now
+                self._cv.notify_all()
             while self._unfinished():
                 left = deadline - time.monotonic()
                 if left <= 0:

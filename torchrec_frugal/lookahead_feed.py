@@ -44,7 +44,7 @@ class LookaheadFeed:
         flusher: Flusher,
         control: Control,
         use_worker: bool,
-        hand_over: Optional[Callable[[Callable[[], None]], int]],
+        hand_over: Optional[Callable[[Callable[[], None], bool], int]],
         guard: Callable[[Callable[[], object]], object],
         check_failed: Callable[[], None],
         on_failure: Callable[[BaseException], None],
@@ -88,7 +88,7 @@ class LookaheadFeed:
         t = self._next
         self._next = t + 1
         self._pushed.append((t, rows))
-        self._announce(t, rows)
+        self._announce(t, rows, wake=False)  # no gate waits for it: it goes with the next update
 
     def begin(self, step: int, rows: torch.Tensor, owned: bool = False) -> Optional[int]:
         """Step ``step`` starts with ``rows``: they must be the ones pushed for it, if any were.
@@ -111,15 +111,16 @@ class LookaheadFeed:
         self._next = step + 1
         return self._announce(step, rows if owned else rows.clone())
 
-    def _announce(self, t: int, rows: torch.Tensor) -> Optional[int]:
+    def _announce(self, t: int, rows: torch.Tensor, wake: bool = True) -> Optional[int]:
         """Publish step t's rows to their owners: through the lookahead worker, handed over to
-        the exchange worker (returns its ticket), or here and now."""
+        the exchange worker (returns its ticket; ``wake=False``: the worker need not wake for it,
+        see ``ExchangeWorker.submit``), or here and now."""
         if self.worker is not None:
             self.worker.announce(t, rows.numpy())
         elif self.lookahead > 0:
             publish = lambda: self._guard(lambda: self.ring.publish(t, rows.numpy(), self.ingest_available))  # noqa: E731
             if self._hand_over is not None:
-                return self._hand_over(publish)
+                return self._hand_over(publish, wake)
             publish()
         return None
 

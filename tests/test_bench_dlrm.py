@@ -157,11 +157,27 @@ def test_time_dlrm_calls_reports_the_calls_of_a_step(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-4000:]
-    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
-            for m in re.finditer(r"^  (\S+)\s+([\d.]+)  \(([\d.]+)\)$", out.stdout, re.M)}  # fmt: skip
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)), float(m.group(4)))
+            for m in re.finditer(r"^  (\S+)\s+([\d.]+)  \(([\d.]+); cpu ([\d.]+)\)$", out.stdout, re.M)}  # fmt: skip
     assert "rank 0, 12 steps" in out.stdout
     assert rows["progress"][1] == 1.0 and rows["engine.apply_gradients"][1] == 1.0
     assert rows["lookup.plan"][1] == 1.0  # every batch planned ahead (on the planner thread) ...
     assert rows["announce"][1] == 1.0  # ... and announced ahead (L = 4)
     assert "lookahead_rows" not in rows  # the planner's rows are what the engines are told
     assert rows["progress"][0] > rows["backward"][0] > rows["engine.apply_gradients"][0] > 0.0
+    assert 0.0 < rows["progress"][2] <= rows["progress"][0] * 1.05  # the thread's own CPU time: not more than its wall time
+    assert re.search(r"frugal host work .* [\d.]+ \(its own CPU time [\d.]+\)$", out.stdout, re.M)
+
+
+def test_time_engine_calls_times_each_call_of_a_planned_step():
+    """The engine's call timer prints, per call of a planned step, wall and CPU microseconds."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "time_engine_calls.py"), "--rows", "5000", "--batch", "500",
+           "--steps", "40", "--lookahead", "3", "--busy", "1"]  # fmt: skip
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "40 steps less 20 of warm-up, 1 busy processes" in out.stdout
+    rows = {m.group(1): [float(x) for x in m.groups()[1:]]
+            for m in re.finditer(r"^(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out.stdout, re.M)}  # fmt: skip
+    assert set(rows) == {"push_lookahead", "begin_step", "lookup", "apply_gradients"}
+    for name, (median, least, cpu) in rows.items():
+        assert 0.0 < least <= median and cpu > 0.0, name

@@ -170,14 +170,19 @@ def test_auc_is_undefined_with_one_class():
     assert auc(np.array([0.1, 0.9]), np.array([0.0, 1.0])) == 1.0
 
 
-def test_loader_workers_make_the_same_batches_off_the_training_process():
-    d = small_data(batch_size=64, seed=5)
+@pytest.mark.parametrize("name", ["criteo-kaggle", "avazu"])  # 13 dense features, and none (one constant column)
+def test_loader_workers_make_the_same_batches_off_the_training_process(name: str):
+    d = small_data(batch_size=64, seed=5, name=name)
     inline = list(d.batches(1, 4, 6))
-    made = list(d.batches(1, 4, 6, workers=2))
+    made = list(d.batches(1, 4, 6, workers=2))  # each sent as one packed buffer, unpacked as views
     assert len(made) == 6
     for x, y in zip(inline, made):
-        assert torch.equal(x.sparse_features.values(), y.sparse_features.values())
-        assert torch.equal(x.dense_features, y.dense_features) and torch.equal(x.labels, y.labels)
+        kx, ky = x.sparse_features, y.sparse_features
+        assert kx.keys() == ky.keys() and kx.stride() == ky.stride() == 64
+        for a, b in [(kx.values(), ky.values()), (kx.lengths(), ky.lengths()), (kx.offsets(), ky.offsets()),
+                     (x.dense_features, y.dense_features), (x.labels, y.labels)]:  # fmt: skip
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        assert kx.length_per_key() == ky.length_per_key() and kx.offset_per_key() == ky.offset_per_key()
 
 
 def test_count_ids_of_batches():

@@ -72,6 +72,29 @@ class _KJTLayout:
         )
 
 
+def pack_arrays(dense: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> torch.Tensor:
+    """One batch's ids, dense features and labels in one byte buffer (ids first, 8-byte aligned).
+
+    A DataLoader worker sends every tensor of what it returns as a shared-memory segment of its
+    own, and the training process receives each through a connection to the worker: one tensor
+    a batch instead of five (the KJT's lengths and offsets are the same every batch, rebuilt on
+    the receiving side) halves what receiving a batch costs the training thread."""
+    parts = [np.ascontiguousarray(ids, dtype=np.int64).reshape(-1), np.ascontiguousarray(dense, dtype=np.float32).reshape(-1),
+             np.ascontiguousarray(labels, dtype=np.float32).reshape(-1)]  # fmt: skip
+    return torch.from_numpy(np.concatenate([p.view(np.uint8) for p in parts]))
+
+
+def unpack_batch(layout: _KJTLayout, packed: torch.Tensor, batch_size: int, num_dense: int) -> Batch:
+    """The :class:`Batch` that :func:`pack_arrays` packed: views of ``packed``, no copy."""
+    n_ids, n_dense = len(layout.keys) * batch_size, batch_size * num_dense
+    dense_at, labels_at = 8 * n_ids, 8 * n_ids + 4 * n_dense
+    return Batch(
+        dense_features=packed[dense_at:labels_at].view(torch.float32).view(batch_size, num_dense),
+        sparse_features=layout.kjt(packed[:dense_at].view(torch.int64), batch_size),
+        labels=packed[labels_at : labels_at + 4 * batch_size].view(torch.float32),
+    )
+
+
 def make_batch(layout: _KJTLayout, dense: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> Batch:
     """Batch from numpy ``dense [B, W]``, ``ids [F, B]`` and ``labels [B]``."""
     b = dense.shape[0]
@@ -163,6 +186,15 @@ class SyntheticClickData:
         dense, ids, labels, _ = self.arrays(rank, step, split)
         return make_batch(self._layout, dense, ids, labels)
 
+    def packed_batch(self, rank: int, step: int, split: str = "train") -> torch.Tensor:
+        """:meth:`batch` packed into one buffer (:func:`pack_arrays`), as a loader worker sends it."""
+        dense, ids, labels, _ = self.arrays(rank, step, split)
+        return pack_arrays(dense, ids, labels)
+
+    @property
+    def _dense_width(self) -> int:
+        return max(1, self.num_dense)  # a dataset without numeric fields has one constant column
+
     def batches(
         self, rank: int, start: int = 0, num: Optional[int] = None, split: str = "train", workers: int = 0,
         pin: bool = False,
@@ -173,16 +205,18 @@ class SyntheticClickData:
         processes, ahead of use and off the training thread, as a real input pipeline makes
         them; the batches and their order are the same. The workers start here, so call this
         before the training process starts threads of its own. ``pin``: batches come in
-        page-locked memory (for an asynchronous copy to an accelerator).
+        page-locked memory (for an asynchronous copy to an accelerator). Each batch travels as
+        one buffer (:func:`pack_arrays`) and is unpacked here as views of it.
         """
         if workers > 0 and num is not None:
             dataset = _SyntheticSteps(self, rank, start, num, split)
             # A generator of its own: the workers' seeds must not be drawn from the global RNG,
             # which the model's initial weights come from next.
-            return iter(torch.utils.data.DataLoader(
+            loader = torch.utils.data.DataLoader(
                 dataset, batch_size=None, num_workers=workers, prefetch_factor=4, pin_memory=pin,
                 generator=torch.Generator().manual_seed(0),
-            ))  # fmt: skip
+            )  # fmt: skip
+            return (unpack_batch(self._layout, packed, self.batch_size, self._dense_width) for packed in loader)
         steps = itertools.count(start) if num is None else range(start, start + num)
         return (self.batch(rank, s, split) for s in steps)
 
@@ -209,7 +243,7 @@ class SyntheticClickData:
 
 
 class _SyntheticSteps(torch.utils.data.Dataset):
-    """Batches ``start .. start + num - 1`` of one rank, by index, for DataLoader workers."""
+    """Batches ``start .. start + num - 1`` of one rank, by index, packed, for DataLoader workers."""
 
     def __init__(self, data: SyntheticClickData, rank: int, start: int, num: int, split: str) -> None:
         self.data, self.rank, self.start, self.num, self.split = data, rank, start, num, split
@@ -217,8 +251,8 @@ class _SyntheticSteps(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.num
 
-    def __getitem__(self, i: int) -> Batch:
-        return self.data.batch(self.rank, self.start + i, self.split)
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data.packed_batch(self.rank, self.start + i, self.split)
 
 
 def count_ids(

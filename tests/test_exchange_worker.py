@@ -55,7 +55,7 @@ def test_a_wait_for_a_ticket_does_not_wait_for_later_hand_offs() -> None:
     worker.stop(1)
 
 
-def test_a_step_handed_over_without_a_wake_runs_with_the_next_woken_one_or_when_waited_for() -> None:
+def test_a_step_handed_over_without_a_wake_runs_with_the_next_woken_one_or_when_woken_for_or_waited_for() -> None:
     ran: List[str] = []
     worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
     worker.submit(lambda: None)
@@ -69,6 +69,16 @@ def test_a_step_handed_over_without_a_wake_runs_with_the_next_woken_one_or_when_
     assert ran == ["quiet", "woken"]
     ticket = worker.submit(lambda: ran.append("waited for"), wake=False)
     assert ticket == quiet + 2 and worker.wait_done(5, ticket) and ran[-1] == "waited for"
+    time.sleep(0.05)
+    ticket = worker.submit(lambda: ran.append("woken through"), wake=False)
+    worker.wake_through(ticket - 1)  # woken already: no wake
+    time.sleep(0.2)
+    assert ran[-1] == "waited for" and worker.pending == 1
+    worker.wake_through(ticket)  # runs it without waiting for it
+    deadline = time.monotonic() + 5
+    while ran[-1] != "woken through" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran[-1] == "woken through"
     worker.submit(lambda: ran.append("drained"), wake=False)
     worker.drain(timeout_s=5)
     assert ran[-1] == "drained"

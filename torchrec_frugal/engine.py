@@ -150,7 +150,7 @@ class FrugalEngine:
         use_worker = not on_cpu if cfg.lookahead_worker is None else cfg.lookahead_worker
         self.lookahead_feed = LookaheadFeed(
             self.lookahead, self.ring, self.window, self.flusher, self.control, use_worker,
-            None if self.exchange_worker is None else self.exchange_worker.submit,
+            self.exchange_worker,
             self._guard, self._raise_if_failed, self._fail_from_thread,
         )  # fmt: skip
         self.exchange = GradientExchange(self.grad_record, self.control, owner, d)

@@ -35,6 +35,7 @@ class ExchangeWorker:
         self._cv = threading.Condition()
         self._busy = False
         self._submitted = 0  # tickets handed out: the n-th hand-off has ticket n
+        self._woken = 0  # the worker was woken for the hand-offs through this ticket
         self._done = 0  # hand-offs finished (they finish in ticket order)
         self._stopped = False
         self._failed = False
@@ -44,17 +45,29 @@ class ExchangeWorker:
     def submit(self, step: Callable[[], None], wake: bool = True) -> int:
         """Hand a step over (steps run in the order they are handed over); returns its ticket.
 
-        ``wake=False``: nobody waits for this step before the next hand-off, so an idle worker is
-        not woken for it (a wake costs the caller a switch of threads); it runs with the next step
-        handed over with ``wake``, or once anyone waits for the worker, whichever comes first."""
+        ``wake=False``: an idle worker is not woken for this step (a wake costs the caller a
+        switch of threads); it runs with the next step handed over with ``wake``, or at
+        :meth:`wake_through`, or once anyone waits for the worker, whichever comes first."""
         with self._cv:
             if self._stopped:
                 raise FrugalError(f"{self.thread.name}: stopped, cannot take another step")
             self._todo.append(step)
             self._submitted += 1
             if wake:
-                self._cv.notify_all()
+                self._wake()
             return self._submitted
+
+    def wake_through(self, ticket: int) -> None:
+        """Make sure the hand-off of ``ticket`` runs now (a no-op if a wake came after it): the
+        caller is about to depend on it."""
+        with self._cv:
+            if self._woken < ticket:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Wake the worker for every hand-off so far (lock held)."""
+        self._woken = self._submitted
+        self._cv.notify_all()
 
     @property
     def pending(self) -> int:
@@ -68,7 +81,7 @@ class ExchangeWorker:
         worker has done it, not a poll later, and does not wait for what was handed over after it."""
         with self._cv:
             if self._todo:  # steps handed over without a wake are waited for now
-                self._cv.notify_all()
+                self._wake()
             return self._cv.wait_for(lambda: not self._unfinished(ticket), timeout_s)
 
     def done_through(self, ticket: int) -> bool:
@@ -88,7 +101,7 @@ class ExchangeWorker:
         deadline = time.monotonic() + timeout_s
         with self._cv:
             if self._todo:  # steps handed over without a wake are waited for now
-                self._cv.notify_all()
+                self._wake()
             while self._unfinished():
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .errors import FrugalError, FrugalInputError
+from .exchange_worker import ExchangeWorker
 from .flusher import Flusher
 from .gate import INGESTED, PUBLISHED, WAIT_PUBLISHED, Control
 from .lookahead import LookaheadWindow
@@ -44,7 +45,7 @@ class LookaheadFeed:
         flusher: Flusher,
         control: Control,
         use_worker: bool,
-        hand_over: Optional[Callable[[Callable[[], None], bool], int]],
+        exchange: Optional[ExchangeWorker],
         guard: Callable[[Callable[[], object]], object],
         check_failed: Callable[[], None],
         on_failure: Callable[[BaseException], None],
@@ -54,13 +55,14 @@ class LookaheadFeed:
         self.window = window
         self.flusher = flusher
         self.control = control
-        # Without a lookahead worker: where a publish goes (the exchange worker's submit, which
-        # returns its ticket), or None for the training thread.
-        self._hand_over = hand_over
+        # Without a lookahead worker: the exchange worker a publish is handed to (in order among
+        # the updates, with a ticket), or None for the training thread.
+        self._exchange = exchange
         self._guard = guard  # a failing publish fails the rank, as any step would
         self._check_failed = check_failed
         self._next = 0  # the next step to announce
-        self._pushed: Deque[Tuple[int, torch.Tensor]] = deque()  # announced by push, not begun
+        # Announced by push, not begun: (step, rows, the exchange worker's ticket of its publish, if handed over)
+        self._pushed: Deque[Tuple[int, torch.Tensor, Optional[int]]] = deque()
         self._ingest_mutex = threading.Lock()  # one ingester at a time: steps arrive in order
         self.worker = (
             LookaheadWorker(f"frugal-lookahead-{control.rank}", ring.publish, self.ingest_available, on_failure)
@@ -87,8 +89,9 @@ class LookaheadFeed:
         """Announce ``rows`` (checked, owned by the feed from now on) as step :meth:`room` returned."""
         t = self._next
         self._next = t + 1
-        self._pushed.append((t, rows))
-        self._announce(t, rows, wake=False)  # no gate waits for it: it goes with the next update
+        # Handed over without a wake: it runs with the next update's hand-off, or at the latest
+        # when step t begins (begin wakes the worker for it).
+        self._pushed.append((t, rows, self._announce(t, rows, wake=False)))
 
     def begin(self, step: int, rows: torch.Tensor, owned: bool = False) -> Optional[int]:
         """Step ``step`` starts with ``rows``: they must be the ones pushed for it, if any were.
@@ -98,7 +101,7 @@ class LookaheadFeed:
         ticket of the step's publish if it was handed over now (the step's gate waits for it).
         """
         if self._pushed:
-            t, expected = self._pushed[0]
+            t, expected, ticket = self._pushed[0]
             if t != step:
                 raise FrugalError(f"rank {self.control.rank}: lookahead holds step {t} while step {step} starts")
             if expected is not rows and not torch.equal(expected, rows):
@@ -107,6 +110,10 @@ class LookaheadFeed:
                     f"({rows.numel()} rows trained, {expected.numel()} pushed)"
                 )
             self._pushed.popleft()
+            if ticket is not None and self._exchange is not None:
+                # Its publish runs before this step's gate: every rank's gate of step t waits for
+                # the owners to ingest step t, which needs each rank's publish of it.
+                self._exchange.wake_through(ticket)
             return None
         self._next = step + 1
         return self._announce(step, rows if owned else rows.clone())
@@ -119,8 +126,8 @@ class LookaheadFeed:
             self.worker.announce(t, rows.numpy())
         elif self.lookahead > 0:
             publish = lambda: self._guard(lambda: self.ring.publish(t, rows.numpy(), self.ingest_available))  # noqa: E731
-            if self._hand_over is not None:
-                return self._hand_over(publish, wake)
+            if self._exchange is not None:
+                return self._exchange.submit(publish, wake)
             publish()
         return None
 

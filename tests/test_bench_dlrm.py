@@ -181,3 +181,15 @@ def test_time_engine_calls_times_each_call_of_a_planned_step():
     assert set(rows) == {"push_lookahead", "begin_step", "lookup", "apply_gradients"}
     for name, (median, least, cpu) in rows.items():
         assert 0.0 < least <= median and cpu > 0.0, name
+
+
+def test_time_loader_times_both_ways_of_receiving_a_batch():
+    """The loader timer runs the packed and the five-tensor loader side by side and prints each."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "time_loader.py"), "--batch-size", "32", "--batches", "25",
+           "--step-ms", "1", "--repeats", "2"]  # fmt: skip
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-4000:]
+    per_run = re.findall(r"^repetition (\d): (packed|tensors)\s+next\(\)\s+([\d.]+) µs", out.stdout, re.M)
+    assert sorted((r, v) for r, v, _ in per_run) == [("0", "packed"), ("0", "tensors"), ("1", "packed"), ("1", "tensors")]
+    medians = dict(re.findall(r"^(packed|tensors)\s+next\(\) median over 2 repetitions:\s+([\d.]+) µs", out.stdout, re.M))
+    assert set(medians) == {"packed", "tensors"} and all(float(v) > 0 for v in medians.values())

@@ -193,3 +193,38 @@ def test_time_loader_times_both_ways_of_receiving_a_batch():
     assert sorted((r, v) for r, v, _ in per_run) == [("0", "packed"), ("0", "tensors"), ("1", "packed"), ("1", "tensors")]
     medians = dict(re.findall(r"^(packed|tensors)\s+next\(\) median over 2 repetitions:\s+([\d.]+) µs", out.stdout, re.M))
     assert set(medians) == {"packed", "tensors"} and all(float(v) > 0 for v in medians.values())
+
+
+def test_profile_dlrm_ops_lists_the_training_threads_ops_per_step():
+    """The op profiler runs the DLRM example and prints the training thread's self CPU time by op."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_dlrm_ops.py"), "--profile-steps", "4", "8", "--top", "500",
+           "--sharder", "frugal", "--lookahead", "2", "--scale", "0.001", "--batch-size", "64", "--steps", "10",
+           "--warmup", "2", "--threads", "1", "--no-progress"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "rank 0, steps 4-8: training thread's self CPU ms per step" in out.stdout
+    rows = {m.group(1).strip(): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^  (.{64}) +([\d.]+)  \(([\d.]+)\)$", out.stdout, re.M)}  # fmt: skip
+    total = float(re.search(r"^  all ops +([\d.]+)$", out.stdout, re.M).group(1))
+    assert rows["aten::_embedding_bag"][1] == 1.0  # the forward's pooling, once a step
+    assert rows["aten::_embedding_bag_forward_only"][1] == 1.0  # its backward: the transposed pooling
+    assert "aten::_embedding_bag_dense_backward" not in rows
+    assert 0.0 < sum(ms for ms, _ in rows.values()) <= total * 1.001
+
+
+def test_probe_cold_python_times_the_probe_in_and_out_of_a_step():
+    """The probe runs at three points of each step, three times in a row, and idle before and after."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "probe_cold_python.py"), "--sharder", "frugal", "--lookahead", "2",
+           "--scale", "0.001", "--batch-size", "64", "--steps", "14", "--warmup", "2", "--threads", "1", "--no-progress"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = {m.group(1).strip(): [float(x) for x in m.groups()[1:]]
+            for m in re.finditer(r"^  (.{36}) +([\d.]+) +([\d.]+) +([\d.]+) +(\d+)$", out.stdout, re.M)}  # fmt: skip
+    places = ("step begins,", "forward begins,", "backward hand-off,")
+    assert set(rows) == {f"{p} {r}" for p in places for r in ("1st", "2nd", "3rd")} | {
+        "idle, before training", "idle, after training"}  # fmt: skip
+    for name, (device, loop, empty, runs) in rows.items():
+        assert device > 0.0 and loop > 0.0 and empty > 0.0, name
+        assert runs == (200 if name.startswith("idle") else 4), name  # 14 steps less 10 of warm-up

@@ -24,6 +24,7 @@ from ..config import FrugalConfig, OptimizerSpec, TableSpec
 from ..engine import FrugalEngine, Rows
 from ..errors import FrugalError, FrugalInputError
 from .optim import FrugalFusedOptimizer
+from .row_pooling import TransposedBags
 from .checkpoint import row_layout
 from ..step_plan import StepPlan
 from .types import OPTIMIZER_KINDS, FrugalTable
@@ -75,6 +76,12 @@ class GroupBatch:
     plan: Optional[StepPlan] = None  # the engine's plan of the step (a batch planned ahead)
     offsets: Optional[torch.Tensor] = None  # bag offsets on the device (pooled, planned ahead)
     splits: Optional[List[int]] = None  # values per feature of the group (planned ahead)
+    transposed: Optional[TransposedBags] = None  # the bags seen from the rows, for the backward (planned ahead)
+
+    @property
+    def transposed_parts(self) -> Tuple[Optional[torch.Tensor], ...]:
+        t = self.transposed
+        return () if t is None else (t.indices, t.offsets, t.weights)
 
     @property
     def engine_rows(self) -> Rows:

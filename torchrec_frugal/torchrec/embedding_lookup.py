@@ -6,9 +6,10 @@ returns pooled ([B, sum dims]) or sequence ([values, dim]) embeddings. Announced
 lookahead) keep their rows for their own forward.
 
 A batch can also be planned ahead (:meth:`FrugalEmbeddingLookup.plan`, on a planner thread): its
-unique rows, the engines' step plans, the inverse, bag offsets and pooling weights, moved to the
-device before the step. The train pipeline then hands the plan to the batch's forward
-(:meth:`FrugalEmbeddingLookup.use_plan`), which trusts it without reading the batch's tensors.
+unique rows, the engines' step plans, the inverse, bag offsets and pooling weights, and the bags
+transposed for the backward (``row_pooling``), moved to the device before the step. The train
+pipeline then hands the plan to the batch's forward (:meth:`FrugalEmbeddingLookup.use_plan`), which
+trusts it without reading the batch's tensors.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Protocol, Sequenc
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torchrec.distributed.embedding_sharding import BaseEmbeddingLookup
 from torchrec.modules.embedding_configs import PoolingType
@@ -28,6 +28,7 @@ from ..config import FrugalConfig
 from ..device import REACHED, CopyStream, Marker
 from ..errors import FrugalError, FrugalInputError
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
+from .row_pooling import TransposedBags, gather_rows, pool_rows, transpose_bags
 from .types import FrugalTable
 
 
@@ -261,9 +262,9 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     def plan(self, features: KeyedJaggedTensor) -> BatchPlan:
         """Plan a future batch's forward from its CPU ``features`` (a copy nobody changes): rows
-        checked and deduplicated, the engines' step plans, and the inverse, bag offsets and
-        pooling weights moved to the device. Any thread (:attr:`plans_anywhere`); raises,
-        changing nothing, on a bad id."""
+        checked and deduplicated, the engines' step plans, and the inverse, bag offsets, pooling
+        weights and the bags' transposition (the backward's pooling) moved to the device. Any
+        thread (:attr:`plans_anywhere`); raises, changing nothing, on a bad id."""
         if not self.plans_anywhere:
             raise FrugalError("a lookup with an announce dist plans its batches through lookahead_rows")
         cpu = torch.device("cpu")
@@ -276,16 +277,19 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64)
             torch.cumsum(b.lengths, 0, out=offsets[1:])
             b.offsets = offsets
-            parts = [b.inverse, b.lengths, b.offsets, None if b.weights is None else b.weights.to(torch.float32)]
+            weights = None if b.weights is None else b.weights.to(torch.float32)
+            t = transpose_bags(b.inverse, b.lengths if self._pooled else None, b.rows.numel(), weights)
+            parts = [b.inverse, b.lengths, b.offsets, weights, t.indices, t.offsets, t.weights]
             moves.extend(p.pin_memory() if pin and p is not None else p for p in parts)
         for g, b in zip(self.groups, batches):
             b.plan = g.engine.plan_step(b.rows)
             b.rows = b.plan.rows  # the very tensor announced: its step needs no comparison
         moved, ready = self._copies.to_device(moves)
         for i, b in enumerate(batches):
-            inverse, lengths, offsets, weights = moved[4 * i : 4 * i + 4]
-            assert inverse is not None and lengths is not None
+            inverse, lengths, offsets, weights, t_indices, t_offsets, t_weights = moved[7 * i : 7 * i + 7]
+            assert inverse is not None and lengths is not None and t_indices is not None and t_offsets is not None
             b.inverse, b.lengths, b.offsets, b.weights = inverse, lengths, offsets, weights
+            b.transposed = TransposedBags(t_indices, t_offsets, t_weights)
         return BatchPlan(batches, ready, int(features.values().numel()), features.stride())
 
     def announce_plan(self, plan: BatchPlan) -> None:
@@ -308,7 +312,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                 f"one planned for this step ({plan.num_values} ids, batch size {plan.stride})"
             )
         if plan.ready is not REACHED:
-            self._copies.use([t for b in plan.batches for t in (b.inverse, b.lengths, b.offsets, b.weights)], plan.ready)
+            parts = (t for b in plan.batches for t in (b.inverse, b.lengths, b.offsets, b.weights, *b.transposed_parts))
+            self._copies.use(list(parts), plan.ready)
         return plan.batches
 
     def lookahead_capacity(self) -> int:
@@ -394,14 +399,9 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             if offsets is None:
                 offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64, device=self._device)
                 torch.cumsum(b.lengths.to(self._device), 0, out=offsets[1:])
-            pooled = F.embedding_bag(
-                b.inverse,
-                w,
-                offsets,
-                mode="sum",
-                per_sample_weights=None if b.weights is None else b.weights.to(self._device, w.dtype),
-                include_last_offset=True,
-            )  # [B F_g, d]: the bags sample by sample (``sample_major``)
+            per_sample_weights = None if b.weights is None else b.weights.to(self._device, w.dtype)
+            # [B F_g, d]: the bags sample by sample (``sample_major``)
+            pooled = pool_rows(w, b.inverse, b.lengths, offsets, per_sample_weights, b.transposed)
             if len(positions) == len(out):  # one group serves every feature, in order: [B, F d], no copy
                 return pooled.view(stride, -1)
             per_feature = pooled.view(stride, len(positions), -1)
@@ -411,12 +411,12 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     def _sequence(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
         if len(batches) == 1:
-            return weights[0][batches[0].inverse]
+            return gather_rows(weights[0], batches[0].inverse, batches[0].transposed)
         lpk = features.length_per_key() if any(b.splits is None for b in batches) else []
         out: List[Optional[torch.Tensor]] = [None] * len(self._feature_names)
         for positions, b, w in zip(self._positions, batches, weights):
             splits = b.splits if b.splits is not None else [lpk[p] for p in positions]
-            for p, chunk in zip(positions, w[b.inverse].split(splits)):
+            for p, chunk in zip(positions, gather_rows(w, b.inverse, b.transposed).split(splits)):
                 out[p] = chunk
         return torch.cat(out)  # type: ignore[arg-type]
 

@@ -183,10 +183,11 @@ def test_time_engine_calls_times_each_call_of_a_planned_step():
         assert 0.0 < least <= median and cpu > 0.0, name
 
 
-def test_time_loader_times_both_ways_of_receiving_a_batch():
+@pytest.mark.parametrize("example", ["dlrm", "graph"])
+def test_time_loader_times_both_ways_of_receiving_a_batch(example):
     """The loader timer runs the packed and the five-tensor loader side by side and prints each."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "time_loader.py"), "--batch-size", "32", "--batches", "25",
-           "--step-ms", "1", "--repeats", "2"]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "time_loader.py"), "--example", example, "--batch-size", "128",
+           "--batches", "25", "--step-ms", "1", "--repeats", "2"]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-4000:]
     per_run = re.findall(r"^repetition (\d): (packed|tensors)\s+next\(\)\s+([\d.]+) µs", out.stdout, re.M)

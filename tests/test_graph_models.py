@@ -162,6 +162,9 @@ def test_loader_workers_make_the_training_threads_batches() -> None:
         assert_same_batch(a, b)
         assert_same_batch(a, copy.rank_batch(step, 1))
     assert float(made[0].sign) == -1.0 and float(made[1].sign) == 1.0  # step 3 corrupts heads
+    for b in made:  # each sent as one buffer: ids, relations and sign are views of it
+        storage = b.entities.values().untyped_storage().data_ptr()
+        assert b.relations.untyped_storage().data_ptr() == storage == b.sign.untyped_storage().data_ptr()
     partial = sampler.batches(1, 7, start=3, workers=1)
     assert_same_batch(next(partial), inline[0])
     del partial  # as train.py ends: its workers stop

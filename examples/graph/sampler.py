@@ -20,7 +20,7 @@ import torch
 
 from torchrec_frugal.presample import count_ids
 
-from examples.graph.models import ENTITY_TABLE, KGBatch, make_batch
+from examples.graph.models import ENTITY_TABLE, KGBatch, PackedBatches, make_batch, pack_batch
 
 
 class ChunkedNegativeSampler:
@@ -102,10 +102,12 @@ class ChunkedNegativeSampler:
         if workers > 0:
             # A generator of its own: the workers' seeds must not be drawn from the global RNG, so
             # the rest of the run draws from it what a run without workers draws.
-            return iter(torch.utils.data.DataLoader(
+            loader = torch.utils.data.DataLoader(
                 _RankSteps(self, rank, start, steps), batch_size=None, num_workers=workers, prefetch_factor=4,
                 pin_memory=pin, generator=torch.Generator().manual_seed(0),
-            ))  # fmt: skip
+            )  # fmt: skip
+            packed = PackedBatches(self.chunks_per_rank * self.chunk_size, self.chunk_size, self.negatives)
+            return map(packed.unpack, loader)
         return (self.rank_batch(step, rank) for step in range(start, start + steps))
 
     def presample_counts(self, rank: int, steps: int) -> Dict[str, torch.Tensor]:
@@ -115,8 +117,8 @@ class ChunkedNegativeSampler:
 
 
 class _RankSteps(torch.utils.data.Dataset):
-    """One rank's batches of steps ``start .. start + steps - 1``, by index, for DataLoader workers
-    (picklable: the sampler holds tensors and ints only)."""
+    """One rank's batches of steps ``start .. start + steps - 1``, by index, for DataLoader workers,
+    each packed in one buffer (picklable: the sampler holds tensors and ints only)."""
 
     def __init__(self, sampler: ChunkedNegativeSampler, rank: int, start: int, steps: int) -> None:
         self.sampler, self.rank, self.start, self.steps = sampler, rank, start, steps
@@ -124,5 +126,5 @@ class _RankSteps(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.steps
 
-    def __getitem__(self, i: int) -> KGBatch:
-        return self.sampler.rank_batch(self.start + i, self.rank)
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return pack_batch(self.sampler.rank_batch(self.start + i, self.rank))

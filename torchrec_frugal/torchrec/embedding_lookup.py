@@ -27,6 +27,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..config import FrugalConfig
 from ..device import REACHED, CopyStream, Marker
 from ..errors import FrugalError, FrugalInputError
+from ..int_sort import unique_inverse
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
 from .row_pooling import TransposedBags, gather_rows, pool_rows, transpose_bags
 from .types import FrugalTable
@@ -153,7 +154,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         The costly part of a batch's lookup (validation and unique), computed once per batch: when
         the batch was announced, or else by its forward.
         """
-        return [torch.unique(fused, return_inverse=True) for fused in self.fused_ids(features)]
+        return [unique_inverse(fused) for fused in self.fused_ids(features)]
 
     def fused_ids(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Per group, the batch's ids as the group's fused rows, in the batch's order; raises,

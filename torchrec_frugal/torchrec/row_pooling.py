@@ -17,6 +17,8 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..int_sort import stable_argsort
+
 SUM = 0  # embedding_bag's mode "sum", as the ATen op takes it
 
 
@@ -36,7 +38,7 @@ def transpose_bags(
     """The transposition of bags ``lengths`` over values ``inverse`` (indices into ``num_rows``
     rows); ``lengths`` None: each value is its own output row (sequence embeddings). Reads no
     device tensor on the host, so it runs on CUDA without a sync."""
-    order = torch.argsort(inverse, stable=True)  # a row's values in the batch's order: one summation order
+    order = stable_argsort(inverse)  # a row's values in the batch's order: one summation order
     if lengths is None:
         bags = order
     else:

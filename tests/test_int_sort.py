@@ -1,0 +1,28 @@
+"""Radix sorts of ids: the same permutation as a stable sort, the same unique rows and inverse as
+``torch.unique``, for ids below 2^16 (one pass), below 2^32 (two), beyond, and none."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torchrec_frugal.int_sort import stable_argsort, stable_argsort_np, unique_inverse
+
+
+@pytest.mark.parametrize("bound", [1, 3, 1 << 16, (1 << 16) + 7, 3_000_000, 1 << 33])
+@pytest.mark.parametrize("n", [0, 1, 17, 26_624, 40_000])
+def test_same_permutation_as_a_stable_sort(bound: int, n: int) -> None:
+    ids = torch.randint(0, bound, (n,), generator=torch.Generator().manual_seed(n + bound), dtype=torch.int64)
+    expected = torch.argsort(ids, stable=True)
+    got = stable_argsort(ids)
+    assert got.dtype == torch.int64 and torch.equal(got, expected)
+    assert np.array_equal(stable_argsort_np(ids.numpy().astype(np.int32 if bound < 1 << 31 else np.int64)), expected.numpy())
+    rows, inverse = unique_inverse(ids)
+    ref_rows, ref_inverse = torch.unique(ids, sorted=True, return_inverse=True)
+    assert rows.dtype == ref_rows.dtype and torch.equal(rows, ref_rows)
+    assert inverse.dtype == ref_inverse.dtype and torch.equal(inverse, ref_inverse)
+
+
+def test_negative_keys_sort_too() -> None:
+    keys = np.array([3, -1, 2, -1, 0, 70_000, -5], dtype=np.int64)
+    assert stable_argsort_np(keys).tolist() == np.argsort(keys, kind="stable").tolist()

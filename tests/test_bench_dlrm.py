@@ -229,3 +229,13 @@ def test_probe_cold_python_times_the_probe_in_and_out_of_a_step():
     for name, (device, loop, empty, runs) in rows.items():
         assert device > 0.0 and loop > 0.0 and empty > 0.0, name
         assert runs == (200 if name.startswith("idle") else 4), name  # 14 steps less 10 of warm-up
+
+
+def test_time_int_sort_times_both_sorts_per_size():
+    """The sort timer prints, per size, PyTorch's and the radix sorts' medians, checked equal first."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "time_int_sort.py"), "--sizes", "100", "3000", "--repeats", "3"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = re.findall(r"^ +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", out.stdout, re.M)
+    assert [r[0] for r in rows] == ["100", "3000"]
+    assert all(float(x) > 0 for r in rows for x in r[1:])

@@ -42,13 +42,19 @@ def unique_inverse(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     if ids.device.type != "cpu":
         return torch.unique(ids, sorted=True, return_inverse=True)
     a = ids.numpy()
-    if a.size == 0:
-        return ids.clone(), torch.zeros(0, dtype=torch.int64)
-    order = stable_argsort_np(a)
-    srt = a[order]
+    rows, inverse = unique_by_order(a, stable_argsort_np(a))
+    return torch.from_numpy(rows), torch.from_numpy(inverse)
+
+
+def unique_by_order(values: np.ndarray, order: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The sorted unique ``values`` and each value's index (int64) into them, ``order`` being a
+    permutation that sorts ``values``."""
+    if values.size == 0:
+        return values.copy(), np.zeros(0, dtype=np.int64)
+    srt = values[order]
     first = np.empty(srt.shape[0], dtype=bool)
     first[0] = True
     np.not_equal(srt[1:], srt[:-1], out=first[1:])
-    inverse = np.empty(a.shape[0], dtype=np.int64)
+    inverse = np.empty(values.shape[0], dtype=np.int64)
     inverse[order] = np.cumsum(first) - 1
-    return torch.from_numpy(srt[first]), torch.from_numpy(inverse)
+    return srt[first], inverse

@@ -19,6 +19,7 @@ import torch
 
 from .errors import FrugalError
 from .gate import INGESTED, PUBLISHED, WAIT_RING, Control
+from .int_sort import unique_by_order
 from .mailbox import Record
 
 
@@ -54,16 +55,7 @@ def merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     A stable sort of a few sorted runs is a merge (timsort), cheaper than hashing every value.
     """
     cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
-    if cat.size == 0:
-        return cat, np.zeros(0, dtype=np.int64)
-    order = np.argsort(cat, kind="stable")
-    srt = cat[order]
-    first = np.empty(srt.shape[0], dtype=bool)
-    first[0] = True
-    np.not_equal(srt[1:], srt[:-1], out=first[1:])
-    inverse = np.empty(cat.shape[0], dtype=np.int64)
-    inverse[order] = np.cumsum(first) - 1
-    return srt[first], inverse
+    return unique_by_order(cat, np.argsort(cat, kind="stable"))
 
 
 class LookaheadRing:

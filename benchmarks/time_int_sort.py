@@ -6,6 +6,11 @@ inverse is, and fused row ids below ``--fused-rows``, as a batch's ids are), tim
 and ``torch.unique(return_inverse=True)`` against ``unique_inverse`` on the ids. One torch thread.
 The results are checked equal before timing.
 
+A second table times the other whole-batch operations on ids that planning a batch makes, in
+PyTorch and in numpy on the same memory: a gather by a permutation (``t[idx]``, ``index_select``,
+``np.take``), the inverse of a permutation (a scatter), a per-table lookup of each id's table size
+(a gather from 26 values) and the check that every bag holds one id (``== 1`` then ``all``).
+
     python benchmarks/time_int_sort.py --sizes 4096 16384 26624 65536 106496
 """
 from __future__ import annotations
@@ -15,11 +20,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from torchrec_frugal.int_sort import stable_argsort, unique_inverse  # noqa: E402
@@ -57,6 +63,38 @@ def main() -> None:
             median_ms(lambda: unique_inverse(ids), args.repeats),
         )
         print(f"{n:8d} {cols[0]:14.3f} {cols[1]:8.3f} {cols[2]:13.3f} {cols[3]:8.3f}", flush=True)
+    print(f"\n{'ids':>8} {'op':<36} {'torch':>8} {'numpy':>8}   (ms, median of {args.repeats})")
+    for n in args.sizes:
+        for name, torch_op, numpy_op in id_ops(n, gen):
+            assert np.array_equal(np.asarray(torch_op()), np.asarray(numpy_op())), name
+            t, a = median_ms(torch_op, args.repeats), median_ms(numpy_op, args.repeats)
+            print(f"{n:8d} {name:<36} {t:8.3f} {a:8.3f}", flush=True)
+
+
+def id_ops(n: int, gen: torch.Generator) -> List[Tuple[str, Callable[[], object], Callable[[], object]]]:
+    """(name, the PyTorch call, the numpy call) of the id operations a plan makes, on ``n`` ids."""
+    perm, values = torch.randperm(n, generator=gen), torch.randint(0, 1 << 20, (n,), generator=gen)
+    sizes, tables = torch.randint(1, 1 << 20, (26,), generator=gen), torch.randint(0, 26, (n,), generator=gen)
+    lengths = torch.ones(n, dtype=torch.int64)
+    p, v, s, t, ln = perm.numpy(), values.numpy(), sizes.numpy(), tables.numpy(), lengths.numpy()
+
+    def scatter_torch() -> torch.Tensor:
+        out = torch.empty_like(perm)
+        out[perm] = torch.arange(n)
+        return out
+
+    def scatter_numpy() -> np.ndarray:
+        out = np.empty_like(p)
+        out[p] = np.arange(n)
+        return out
+
+    return [
+        ("gather values[perm]", lambda: values[perm], lambda: np.take(v, p)),
+        ("gather values.index_select(0, perm)", lambda: values.index_select(0, perm), lambda: np.take(v, p)),
+        ("inverse permutation (scatter)", scatter_torch, scatter_numpy),
+        ("table size of each id", lambda: sizes[tables], lambda: np.take(s, t)),
+        ("every bag one id", lambda: bool((lengths == 1).all()), lambda: bool(np.all(ln == 1))),
+    ]
 
 
 if __name__ == "__main__":

@@ -232,10 +232,25 @@ def test_probe_cold_python_times_the_probe_in_and_out_of_a_step():
 
 
 def test_time_int_sort_times_both_sorts_per_size():
-    """The sort timer prints, per size, PyTorch's and the radix sorts' medians, checked equal first."""
+    """The sort timer prints, per size, PyTorch's and the radix sorts' medians, checked equal first,
+    then PyTorch's and numpy's medians of the other id operations of a plan."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "time_int_sort.py"), "--sizes", "100", "3000", "--repeats", "3"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-4000:]
     rows = re.findall(r"^ +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", out.stdout, re.M)
     assert [r[0] for r in rows] == ["100", "3000"]
+    assert all(float(x) > 0 for r in rows for x in r[1:])
+    ops = re.findall(r"^ +(\d+) +([a-z].*?) +([\d.]+) +([\d.]+)$", out.stdout, re.M)
+    assert len(ops) == 10 and [o[0] for o in ops] == ["100"] * 5 + ["3000"] * 5
+    assert "every bag one id" in ops[-1][1] and all(float(o[2]) > 0 and float(o[3]) > 0 for o in ops)
+
+
+def test_time_plan_times_each_batch_shape():
+    """The planning timer prints, per batch size, the median ms of planning a one-hot and a
+    multi-hot batch."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "time_plan.py"), "--scale", "0.001", "--batch-sizes", "16", "64", "--repeats", "3"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = re.findall(r"^ +(\d+) +([\d.]+) +([\d.]+)$", out.stdout, re.M)
+    assert [r[0] for r in rows] == ["16", "64"]
     assert all(float(x) > 0 for r in rows for x in r[1:])

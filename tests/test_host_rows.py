@@ -28,13 +28,15 @@ def test_fused_rows_offsets_and_checks() -> None:
 def test_batched_id_check_of_many_tables() -> None:
     """One check for the ids of several tables: the rows of_ids gives table by table, or None on
     an id out of its own table (though inside the fused tables) or a wrong dtype."""
-    tables = torch.tensor([0, 0, 1, 1, 1])
+    tables, counts = [0, 1], [2, 3]
     ids = torch.tensor([3, 0, 5, 0, 2], dtype=torch.int32)
-    assert FUSED.of_table_ids(tables, ids).tolist() == [3, 0, 9, 4, 6]
-    assert FUSED.of_table_ids(tables[:0], ids[:0]).tolist() == []
-    assert FUSED.of_table_ids(tables, torch.tensor([4, 0, 5, 0, 2])) is None  # id 4 of 'small' is row 4: 'large'
-    assert FUSED.of_table_ids(tables, torch.tensor([0, 0, 5, -1, 2])) is None
-    assert FUSED.of_table_ids(tables, ids.to(torch.float32)) is None
+    assert FUSED.of_table_runs(tables, counts, ids).tolist() == [3, 0, 9, 4, 6]
+    assert FUSED.of_table_runs([1, 0, 1], [1, 2, 2], torch.tensor([3, 0, 1, 0, 5])).tolist() == [7, 0, 1, 4, 9]
+    assert FUSED.of_table_runs(tables, [0, 0], ids[:0]).tolist() == []
+    assert FUSED.of_table_runs(tables, counts, torch.tensor([4, 0, 5, 0, 2])) is None  # id 4 of 'small' is row 4: 'large'
+    assert FUSED.of_table_runs(tables, counts, torch.tensor([0, 0, 5, -1, 2])) is None
+    assert FUSED.of_table_runs(tables, counts, torch.tensor([0, 0, 5, 6, 2])) is None  # 'large' has rows 0..5
+    assert FUSED.of_table_runs(tables, counts, ids.to(torch.float32)) is None
 
 
 def test_host_rows_read_view_and_load_in_place(tmp_path) -> None:

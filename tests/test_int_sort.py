@@ -1,12 +1,13 @@
 """Radix sorts of ids: the same permutation as a stable sort, the same unique rows and inverse as
-``torch.unique``, for ids below 2^16 (one pass), below 2^32 (two), beyond, and none."""
+``torch.unique``, for ids below 2^16 (one pass), below 2^32 (two), beyond, and none; and the runs
+of each unique id in the sort (``sorted_unique``)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from torchrec_frugal.int_sort import stable_argsort, stable_argsort_np, unique_inverse
+from torchrec_frugal.int_sort import sorted_unique, stable_argsort, stable_argsort_np, unique_inverse
 
 
 @pytest.mark.parametrize("bound", [1, 3, 1 << 16, (1 << 16) + 7, 3_000_000, 1 << 33])
@@ -26,3 +27,19 @@ def test_same_permutation_as_a_stable_sort(bound: int, n: int) -> None:
 def test_negative_keys_sort_too() -> None:
     keys = np.array([3, -1, 2, -1, 0, 70_000, -5], dtype=np.int64)
     assert stable_argsort_np(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+
+
+@pytest.mark.parametrize("bound", [1, 5, 3_000_000])
+@pytest.mark.parametrize("n", [0, 1, 9, 30_000])
+def test_sorted_unique_runs(bound: int, n: int) -> None:
+    ids = torch.randint(0, bound, (n,), generator=torch.Generator().manual_seed(n * 7 + bound), dtype=torch.int64)
+    u = sorted_unique(ids)
+    ref_rows, ref_inverse, ref_counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
+    assert torch.equal(u.values, ref_rows) and torch.equal(u.inverse, ref_inverse)
+    assert torch.equal(u.order, torch.argsort(ids, stable=True))
+    assert u.starts.tolist() == [0] + torch.cumsum(ref_counts, 0).tolist()
+    for r in range(u.values.numel()):  # row r's run lists its ids' positions, in order
+        run = u.order[u.starts[r] : u.starts[r + 1]]
+        assert torch.equal(run, torch.nonzero(ids == u.values[r]).flatten())
+        if r > 20:
+            break

@@ -532,8 +532,8 @@ def run_checks(world: int) -> Dict[str, Any]:
     # inline: a planner thread also reads, and plans when it gets to it, one batch beyond the window).
     computed: List[int] = []
     for lookup in ebc.frugal_lookups():
-        own = lookup.group_rows
-        lookup.group_rows = lambda f, own=own: computed.append(1) or own(f)  # type: ignore[method-assign]
+        own = lookup.fused_ids  # the ids checked and fused: what planning a batch or computing its rows begins with
+        lookup.fused_ids = lambda f, own=own: computed.append(1) or own(f)  # type: ignore[method-assign]
     FrugalTrainPipeline(dmp, optimizer, torch.device("cpu"), planner="inline").progress(source())
     seen["pipeline_read"] = len(read)
     seen["rows_computed_per_lookup"] = len(computed) / len(ebc.frugal_lookups())

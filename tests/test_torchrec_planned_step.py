@@ -50,8 +50,10 @@ SETUPS: Dict[str, Tuple[str, int, List[int]]] = {
 # What planning a batch calls, by where it is defined: none of it may run on the training thread.
 PLANNING_CALLS = (
     ("torchrec_frugal.torchrec.embedding_lookup", "FrugalEmbeddingLookup", "group_rows"),
+    ("torchrec_frugal.torchrec.embedding_lookup", "FrugalEmbeddingLookup", "fused_ids"),
+    ("torchrec_frugal.torchrec.embedding_lookup", None, "sorted_unique"),
     ("torchrec_frugal.torchrec.embedding_lookup", "FrugalEmbeddingLookup", "plan"),
-    ("torchrec_frugal.fused_rows", "FusedRows", "of_table_ids"),
+    ("torchrec_frugal.fused_rows", "FusedRows", "of_table_runs"),
     ("torchrec_frugal.fused_rows", "FusedRows", "of_ids"),
     ("torchrec_frugal.fused_rows", "FusedRows", "check"),
     ("torchrec_frugal.engine", "FrugalEngine", "plan_step"),
@@ -374,7 +376,7 @@ def test_training_thread_plans_nothing(world2: List[Dict[str, Any]], steady: str
         seen = res[steady]
         assert seen["training_thread_calls"] == {}, seen["training_thread_calls"]
         # The planner did the work: per step, each lookup's rows (one lookup here) and each engine's plan.
-        assert seen["planner_calls"].get("group_rows", 0) >= 6 and seen["planner_calls"].get("plan_step", 0) >= 6
+        assert seen["planner_calls"].get("sorted_unique", 0) >= 6 and seen["planner_calls"].get("plan_step", 0) >= 6
         # ... and the exchange worker the update.
         assert seen["exchange_calls"].get("sum_owned", 0) >= 6 and seen["exchange_calls"].get("apply", 0) >= 6
         assert seen["exchange_calls"].get("publish", 0) >= 6 and seen["planner_calls"].get("snapshot", 0) >= 6

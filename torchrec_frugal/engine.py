@@ -193,10 +193,10 @@ class FrugalEngine:
         """Fused rows of ``ids`` of table index ``table``; raises on ids out of range."""
         return self.fused.of_ids(table, ids)
 
-    def rows_of_tables(self, tables: torch.Tensor, ids: torch.Tensor) -> Optional[torch.Tensor]:
-        """Fused rows of ``ids``, id ``i`` of table index ``tables[i]``; None if an id is out of
-        range or of a wrong dtype (:meth:`rows`, per table, names it)."""
-        return self.fused.of_table_ids(tables, ids)
+    def rows_of_tables(self, tables: Sequence[int], counts: Sequence[int], ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """Fused rows of ``ids``, ``counts[k]`` consecutive ids of table index ``tables[k]``; None
+        if an id is out of range or of a wrong dtype (:meth:`rows`, per table, names it)."""
+        return self.fused.of_table_runs(tables, counts, ids)
 
     def _raise_if_failed(self) -> None:
         failure = self._failure

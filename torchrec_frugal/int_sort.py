@@ -9,6 +9,7 @@ gives: results do not depend on which sort made it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Tuple
 
 import numpy as np
@@ -41,20 +42,49 @@ def unique_inverse(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``torch.unique(ids, sorted=True, return_inverse=True)`` of 1-D int64 ids, by a radix sort on CPU."""
     if ids.device.type != "cpu":
         return torch.unique(ids, sorted=True, return_inverse=True)
+    u = sorted_unique(ids)
+    return u.values, u.inverse
+
+
+@dataclass
+class SortedUnique:
+    """1-D ids deduplicated, with the stable sort that did it: ``ids[order]`` lists each unique
+    value's occurrences, in the ids' order, at ``order[starts[r]:starts[r + 1]]``."""
+
+    values: torch.Tensor  # the sorted unique ids
+    inverse: torch.Tensor  # each id's index into ``values``
+    order: torch.Tensor  # the stable permutation that sorts the ids
+    starts: torch.Tensor  # [len(values) + 1]: where each unique value's run begins in ``order``
+
+
+def sorted_unique(ids: torch.Tensor) -> SortedUnique:
+    """:class:`SortedUnique` of 1-D int64 CPU ``ids`` (radix sorted): the unique rows of a batch
+    and, for free, its values grouped by row (what the pooling's backward sums per row)."""
     a = ids.numpy()
-    rows, inverse = unique_by_order(a, stable_argsort_np(a))
-    return torch.from_numpy(rows), torch.from_numpy(inverse)
+    order = stable_argsort_np(a)
+    values, inverse, first = _runs(a, order)
+    starts = np.empty(values.shape[0] + 1, dtype=np.int64)
+    starts[:-1] = np.flatnonzero(first)
+    starts[-1] = a.shape[0]
+    return SortedUnique(*(torch.from_numpy(x) for x in (values, inverse, order, starts)))
 
 
 def unique_by_order(values: np.ndarray, order: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """The sorted unique ``values`` and each value's index (int64) into them, ``order`` being a
     permutation that sorts ``values``."""
+    unique, inverse, _ = _runs(values, order)
+    return unique, inverse
+
+
+def _runs(values: np.ndarray, order: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the sorted unique ``values``, each value's index into them, whether each position of
+    ``values[order]`` begins a run of equal values)."""
+    first = np.empty(values.shape[0], dtype=bool)
     if values.size == 0:
-        return values.copy(), np.zeros(0, dtype=np.int64)
+        return values.copy(), np.zeros(0, dtype=np.int64), first
     srt = values[order]
-    first = np.empty(srt.shape[0], dtype=bool)
     first[0] = True
     np.not_equal(srt[1:], srt[:-1], out=first[1:])
     inverse = np.empty(values.shape[0], dtype=np.int64)
     inverse[order] = np.cumsum(first) - 1
-    return srt[first], inverse
+    return srt[first], inverse, first

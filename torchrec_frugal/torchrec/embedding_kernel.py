@@ -146,8 +146,8 @@ class FrugalTableGroup(nn.Module, FusedOptimizerModule):
     def fused_rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
         return self.engine.rows(table, ids)
 
-    def fused_rows_of_tables(self, tables: torch.Tensor, ids: torch.Tensor) -> Optional[torch.Tensor]:
-        return self.engine.rows_of_tables(tables, ids)
+    def fused_rows_of_tables(self, tables: Sequence[int], counts: Sequence[int], ids: torch.Tensor) -> Optional[torch.Tensor]:
+        return self.engine.rows_of_tables(tables, counts, ids)
 
     def announce(self, rows: Rows) -> None:
         """Push the rows (or the step plan) of a future step to the engine's lookahead window."""

@@ -38,17 +38,27 @@ def transpose_bags(
     """The transposition of bags ``lengths`` over values ``inverse`` (indices into ``num_rows``
     rows); ``lengths`` None: each value is its own output row (sequence embeddings). Reads no
     device tensor on the host, so it runs on CUDA without a sync."""
-    order = stable_argsort(inverse)  # a row's values in the batch's order: one summation order
-    if lengths is None:
-        bags = order
-    else:
-        all_bags = torch.arange(lengths.numel(), device=inverse.device)
-        bags = all_bags.repeat_interleave(lengths.to(inverse.device), output_size=inverse.numel())[order]
+    by_row = stable_argsort(inverse)  # a row's values in the batch's order: one summation order
     counts = torch.zeros(num_rows, dtype=torch.int64, device=inverse.device)
     counts.scatter_add_(0, inverse, torch.ones_like(inverse))
-    offsets = torch.zeros(num_rows + 1, dtype=torch.int64, device=inverse.device)
-    torch.cumsum(counts, 0, out=offsets[1:])
-    return TransposedBags(bags, offsets, None if weights is None else weights.detach()[order])
+    row_offsets = torch.zeros(num_rows + 1, dtype=torch.int64, device=inverse.device)
+    torch.cumsum(counts, 0, out=row_offsets[1:])
+    bag_of_value = None
+    if lengths is not None:
+        all_bags = torch.arange(lengths.numel(), device=inverse.device)
+        bag_of_value = all_bags.repeat_interleave(lengths.to(inverse.device), output_size=inverse.numel())
+    return transpose_sorted_bags(by_row, row_offsets, bag_of_value, weights)
+
+
+def transpose_sorted_bags(
+    by_row: torch.Tensor, row_offsets: torch.Tensor, bag_of_value: Optional[torch.Tensor], weights: Optional[torch.Tensor]
+) -> TransposedBags:
+    """The transposition of bags whose values are already grouped by row: ``by_row`` lists the
+    values' positions row by row, each row's in the batch's order (a stable sort by row), row r's
+    at ``by_row[row_offsets[r]:row_offsets[r + 1]]``; ``bag_of_value`` None: each value is its own
+    bag (sequence embeddings, or bags of one id each)."""
+    indices = by_row if bag_of_value is None else bag_of_value.index_select(0, by_row)
+    return TransposedBags(indices, row_offsets, None if weights is None else weights.detach().index_select(0, by_row))
 
 
 def _row_gradients(grad: torch.Tensor, t: TransposedBags) -> torch.Tensor:

@@ -15,6 +15,9 @@ its unique rows, then the engines told), ``group_rows`` (a batch's unique rows, 
 ``lookup.forward``, ``pool`` (the pooling's ``embedding_bag``), ``gate.wait``, ``backward``,
 ``optimizer.step`` and the engine's public calls.
 
+The first ``--skip-steps`` steps (default 10) are left out: they include the pipeline's fill,
+where L + 1 batches are read at once and each waits for the planner to copy the one before.
+
 Each thread's calls are counted apart: the training thread's first, then the planner's, the
 exchange worker's, the loader's and the rest. The last line, ``frugal host work``, is the training
 thread's frugal calls less the gathers, the pooling and the waits (gate, planner): what planning
@@ -26,6 +29,7 @@ exchange worker holds, or for a core.
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import collections
 import functools
@@ -97,11 +101,29 @@ def frugal_host_work_s(seconds: Dict[Key, float]) -> float:
     return sum(t.get(k, 0.0) for k in plus) - sum(t.get(k, 0.0) for k in ("engine.lookup", "pool", "gate.wait"))
 
 
-def report() -> None:
+def leave_out(steps: int) -> None:
+    """Forget what the first ``steps`` steps timed (call after :func:`timed` of ``progress``)."""
+    fn = FrugalTrainPipeline.progress
+    done = [0]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            done[0] += 1
+            if done[0] == steps:
+                for d in (SECONDS, CPU_SECONDS, CALLS):
+                    d.clear()
+
+    setattr(FrugalTrainPipeline, "progress", wrapper)
+
+
+def report(skipped: int) -> None:
     steps = CALLS[("training", "progress")]
     if os.environ.get("RANK", "0") != "0" or not steps:
         return
-    print(f"\nrank 0, {steps} steps: ms per step (calls per step; the thread's own CPU ms), by thread")
+    print(f"\nrank 0, {steps} steps after the first {skipped}: ms per step (calls per step; the thread's own CPU ms), by thread")
     kinds = sorted({k for k, _ in SECONDS}, key=lambda k: THREADS.index(k) if k in THREADS else len(THREADS))
     for kind in kinds:
         print(f"[{kind}]")
@@ -135,8 +157,12 @@ def main() -> None:
         timed(FrugalEngine, name, "engine." + name)
     timed(torch.Tensor, "backward", "backward")
     timed(CombinedOptimizer, "step", "optimizer.step")
-    atexit.register(report)
-    sys.argv = [str(ROOT / "examples" / "dlrm" / "train.py")] + sys.argv[1:]
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--skip-steps", type=int, default=10, help="first steps not counted (the pipeline's fill)")
+    args, rest = p.parse_known_args()
+    leave_out(args.skip_steps)
+    atexit.register(report, args.skip_steps)
+    sys.argv = [str(ROOT / "examples" / "dlrm" / "train.py")] + rest
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

@@ -22,10 +22,11 @@ Each thread's calls are counted apart: the training thread's first, then the pla
 exchange worker's, the loader's and the rest. The last line, ``frugal host work``, is the training
 thread's frugal calls less the gathers, the pooling and the waits (gate, planner): what planning
 ahead and the exchange worker are to take off it (``lookup.forward`` - ``engine.lookup`` - ``pool``
-- ``gate.wait`` + ``announce`` + ``engine.apply_gradients`` + ``snapshot`` + ``plan.submit``).
-Each row also gives the thread's own CPU time in those calls (``time.thread_time``): wall time
-beyond it is time the thread was not running, e.g. waiting for the GIL that the planner or the
-exchange worker holds, or for a core.
+- ``gate.wait`` + ``announce`` + ``engine.apply_gradients`` + ``snapshot`` + ``plan.submit``), per
+batch: each call's mean, as the batches announced during the first steps make fewer calls of
+``announce`` and ``plan.submit`` than counted steps. Each row also gives the thread's own CPU
+time in those calls (``time.thread_time``): wall time beyond it is time the thread was not
+running, e.g. waiting for the GIL that the planner or the exchange worker holds, or for a core.
 """
 from __future__ import annotations
 
@@ -95,10 +96,14 @@ def timed(owner: Any, name: str, label: str, when: Optional[Callable[..., bool]]
 
 
 def frugal_host_work_s(seconds: Dict[Key, float]) -> float:
-    """The training thread's frugal calls less the gathers, the pooling and the gate's waits."""
-    t = {label: sec for (thread, label), sec in seconds.items() if thread == "training"}
+    """The training thread's frugal calls less the gathers, the pooling and the gate's waits, per
+    batch (the sum of each call's mean: each is called once a batch)."""
+    def per_call(label: str) -> float:
+        key = ("training", label)
+        return seconds.get(key, 0.0) / CALLS[key] if CALLS.get(key) else 0.0
+
     plus = ("lookup.forward", "announce", "engine.apply_gradients", "snapshot", "plan.submit")
-    return sum(t.get(k, 0.0) for k in plus) - sum(t.get(k, 0.0) for k in ("engine.lookup", "pool", "gate.wait"))
+    return sum(map(per_call, plus)) - sum(map(per_call, ("engine.lookup", "pool", "gate.wait")))
 
 
 def leave_out(steps: int) -> None:
@@ -133,8 +138,8 @@ def report(skipped: int) -> None:
                 f"cpu {1e3 * CPU_SECONDS[key] / steps:.3f})"
             )
     print(
-        f"frugal host work (training thread, less gathers, pooling, gate waits) {1e3 * frugal_host_work_s(SECONDS) / steps:.3f}"
-        f" (its own CPU time {1e3 * frugal_host_work_s(CPU_SECONDS) / steps:.3f})"
+        f"frugal host work (training thread, less gathers, pooling, gate waits) {1e3 * frugal_host_work_s(SECONDS):.3f}"
+        f" (its own CPU time {1e3 * frugal_host_work_s(CPU_SECONDS):.3f}) ms per batch"
     )
 
 

@@ -1,6 +1,6 @@
 # `make demo` and `make test` create .venv with the pinned stack when it is missing, then run.
 # `make test-compat` and `make test-latest` run the TorchRec tests against the other supported
-# TorchRec releases (README, "Supported releases").
+# TorchRec releases (CONTRIBUTING.md, "Supported releases").
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python

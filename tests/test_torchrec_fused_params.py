@@ -2,7 +2,7 @@
 
 The rule: what stock TorchRec does with a fused_params key, frugal tables do the same, or the key
 is refused when the sharder shards (and when FrugalShardingPlanner plans), naming the key, its
-value and the table (README, "TorchRec fused_params"). Checked here, each frugal run against
+value and the table (docs/torchrec.md, "fused_params"). Checked here, each frugal run against
 TorchRec's own sharding of the same model from the same weights (losses at every step, pooled
 outputs, final tables):
 
@@ -502,7 +502,7 @@ def test_the_planner_plans_a_table_of_fp16_weights_stock() -> None:
 
 
 def test_each_key_is_honoured_accepted_or_refused() -> None:
-    """Every key of the README's table: honoured keys map onto the engine, keys without effect are
+    """Every key of the table in docs/torchrec.md: honoured keys map onto the engine, keys without effect are
     accepted with any value, keys accepted only when off are refused when on, others are refused."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode

@@ -138,7 +138,7 @@ def frugal_fused_params(fused_params: Mapping[str, Any], table: str) -> FrugalFu
                 why = f"frugal raises on an out-of-range id, as FATAL does; accepted: {BOUNDS_CHECK_MODES}"
                 raise _refuse(table, key, value, why)
         else:
-            raise _refuse(table, key, value, "not a key frugal tables know (see README, TorchRec fused_params)")
+            raise _refuse(table, key, value, "not a key frugal tables know (see docs/torchrec.md, fused_params)")
     output_dtype = fused_params.get("output_dtype", SparseType.FP32)
     if isinstance(output_dtype, DataType):
         output_dtype = data_type_to_sparse_type(output_dtype)

@@ -1,6 +1,5 @@
 """The bookkeeping of scripts/device_check.sh, kept out of bash so that it is tested without a GPU.
 
-    python scripts/device_report.py readme-example OUT.py [--batches N]
     python scripts/device_report.py suite RES NAME RC LOG [--summary JSON] [--expect REGEX] [--allow-skips]
     python scripts/device_report.py info RES NAME TEXT
     python scripts/device_report.py verdict RES
@@ -21,22 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-SWAP_HEADING = "## Swap the sharder"
 TIMEOUT_RCS = (124, 137)
-
-
-def readme_example(readme: str, batches: Optional[int] = None) -> str:
-    """The README's swap example (the first python block after its heading), optionally with fewer batches."""
-    start = readme.index(SWAP_HEADING)
-    m = re.search(r"```python\n(.*?)```", readme[start:], re.S)
-    if m is None:
-        raise ValueError(f"no python block after {SWAP_HEADING!r}")
-    code = m.group(1)
-    if batches is not None:
-        code, n = re.subn(r"num_batches=\d+", f"num_batches={batches}", code)
-        if n != 1:
-            raise ValueError(f"expected one num_batches= in the swap example, found {n}")
-    return code
 
 
 def pytest_summary(log: str) -> str:
@@ -121,9 +105,6 @@ def verdict(res: Path) -> Tuple[int, List[str]]:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("readme-example", help="write the README's swap example as a script")
-    p.add_argument("out")
-    p.add_argument("--batches", type=int, default=None)
     p = sub.add_parser("suite", help="record one suite's result")
     p.add_argument("res")
     p.add_argument("name")
@@ -140,9 +121,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("res")
     args = ap.parse_args(argv)
 
-    if args.cmd == "readme-example":
-        Path(args.out).write_text(readme_example((REPO / "README.md").read_text(), args.batches))
-        return 0
     if args.cmd == "info":
         _append(Path(args.res) / "tests.tsv", args.name, args.text)
         return 0

@@ -204,15 +204,3 @@ def test_report_renders_the_suites_into_docs_gpu_md(tmp_path: Path) -> None:
     assert "| CUDA unit tests | 4 passed in 3.10s (exit 0) |" in md
     assert "| dlrm example, 4 rank(s) | 2 rank(s), gloo on cuda, 60 steps, loss 0.6931" in md
     assert "| stack | Python 3.12.3, torch 2.11.0+cu130, torchrec 1.6.1 |" in md
-
-
-def test_readme_example_is_extracted_with_fewer_batches(tmp_path: Path) -> None:
-    code = report.readme_example((REPO / "README.md").read_text(), batches=3)
-    compile(code, "readme_swap.py", "exec")
-    assert "num_batches=3)" in code and "FrugalTrainPipeline(model, optimizer, device)" in code
-    assert 'backend = "nccl" if local_world <= torch.cuda.device_count() else "gloo"' in code
-    out = tmp_path / "swap.py"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "device_report.py"), "readme-example", str(out)], check=True)
-    assert "num_batches=100" in out.read_text()
-    with pytest.raises(ValueError, match="no python block"):
-        report.readme_example("## Swap the sharder\nno code\n")

@@ -8,6 +8,7 @@ flushed, its owner keeps the updated value in a dynamic slot of the same store.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -24,6 +25,9 @@ class Ownership:
 
     owner: np.ndarray  # int16 [num_rows]: owning rank of each row
     cached: np.ndarray  # bool [num_rows]: row sits in its owner's static cache
+    # float64 [num_tables]: per table, the share of the pre-sample's ids whose rows are cached (on
+    # any rank); NaN where the pre-sample holds no id of the table (no rows known to be hot)
+    cached_share: np.ndarray
 
     def cached_rows(self, rank: int) -> np.ndarray:
         return np.flatnonzero(self.cached & (self.owner == rank))
@@ -40,6 +44,7 @@ def assign_ownership(
     """
     owners: List[np.ndarray] = []
     cached: List[np.ndarray] = []
+    shares: List[float] = []
     for c in counts:
         n = c.shape[0]
         owner = (np.arange(n, dtype=np.int64) % world_size).astype(np.int16)
@@ -53,7 +58,9 @@ def assign_ownership(
             is_cached[order] = True
         owners.append(owner)
         cached.append(is_cached)
-    return Ownership(np.concatenate(owners), np.concatenate(cached))
+        total = float(c.sum())
+        shares.append(float(c[is_cached].sum()) / total if total > 0 else math.nan)
+    return Ownership(np.concatenate(owners), np.concatenate(cached), np.array(shares, dtype=np.float64))
 
 
 def ownership_from_presample(

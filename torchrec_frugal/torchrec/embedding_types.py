@@ -26,6 +26,7 @@ from .checkpoint import held_rows, rows_sharded_tensor
 from .embedding_lookup import BatchPlan, FrugalEmbeddingLookup
 from .frugal_sharding import FrugalEmbeddingSharding
 from .node_groups import local_world_size
+from .plan_report import engine_caches, log_plan_report, plan_report
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
 
@@ -174,6 +175,14 @@ class FrugalShardedModuleMixin:
             self._complete_keys = list(keys)
         check_row_wise_ids(features, self._row_wise_limits)
         return super().input_dist(ctx, features)  # type: ignore[misc]
+
+    def _report_plan(
+        self, module_fqn: Optional[str], configs: Iterable[Any], params: Dict[str, ParameterSharding], env: ShardingEnv
+    ) -> None:
+        """Keep the plan report as ``frugal_plan_report`` and log it on rank 0 (see :mod:`.plan_report`)."""
+        self.frugal_plan_report = plan_report(module_fqn or "", list(configs), params, engine_caches(self.frugal_engines()))
+        if env.rank == 0:
+            log_plan_report(self.frugal_plan_report)
 
     def frugal_lookups(self) -> List[FrugalEmbeddingLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, FrugalEmbeddingLookup)]

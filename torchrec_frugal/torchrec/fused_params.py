@@ -179,3 +179,15 @@ def table_fused_params(fused_params: Optional[Dict[str, Any]], sharding: Paramet
     in-backward optimizer (checked when the sharder shards): the sharder's, then the plan's (cache,
     rounding, bounds check, output dtype). What the planner checks."""
     return convert_to_fbgemm_types(add_params_from_parameter_sharding(dict(fused_params or {}), sharding))
+
+
+def frugal_refusal(fused_params: Optional[Mapping[str, Any]], table: str, dtype: torch.dtype) -> Optional[str]:
+    """Why a frugal sharding would refuse ``table`` (a fused_params key it does not honour, weights
+    other than FP32), or None: what a planner checks before it plans the table frugal."""
+    try:
+        frugal_fused_params(dict(fused_params or {}), table)
+    except ValueError as e:
+        return str(e)
+    if dtype != torch.float32:
+        return f"table {table!r}: frugal sharding stores FP32 tables, got {dtype}"
+    return None

@@ -6,6 +6,9 @@ functions that raise on any other string. Each shim below wraps one of them: for
 answers, for every other type it calls the original unchanged. With them, TorchRec's own
 ``EmbeddingShardingPlanner`` (the one ``DistributedModelParallel`` builds when given no plan)
 enumerates, costs, partitions and reports frugal tables; ``FrugalShardingPlanner`` builds on it.
+Three more make the swap of the sharder take whoever plans: the enumerator keeps, for a table a
+frugal sharder serves, only its frugal option (:mod:`.sharding_choice`), and TorchRec's sharder of
+feature-processed collections offers "frugal" when the sharder it wraps is a frugal one.
 What each shim answers for "frugal", and why, is the table of patches/README.md.
 
 ``apply()`` installs them once (importing ``torchrec_frugal.torchrec`` calls it). ``RELEASES``
@@ -26,7 +29,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
 import torchrec
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
 from torchrec.distributed.planner import enumerators, shard_estimators, stats
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator import estimator as perf_estimator
 from torchrec.distributed.planner.estimator.estimator import DataParallelEvaluator
 from torchrec.distributed.planner.estimator.types import HardwarePerfConfig, ShardPerfContext
@@ -38,6 +44,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from ..config import FrugalConfig, OptimizerSpec
 from ..optimizers import state_width
 from .checkpoint import row_layout
+from .sharding_choice import frugal_first
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES, OPTIMIZER_KINDS
 
 
@@ -61,6 +68,14 @@ _SHA256_1_8 = {
     "stats._calculate_shard_io_sizes": "0ea579d1189a62173931d4ab5c50e79da0a4107d842a37061195237d1e5ed9cb",
     "stats._get_sharding_type_abbr": "6ae67b70ddfbed11098119d89fa112bcb2f436e9ede2cdc30d4ffd07e18b722d",
     "estimator.get_embedding_perf_sharding_evaluator": "19ce0f0f58a11d885567804e69ff127935b644345330a2f9df286ffdb76e0b93",
+    "EmbeddingEnumerator.enumerate": "57c4b27dc5d6cdb7f26e6f7a651d864ce5f6ee990fcb3ea81a3a570688c1ffc7",
+    "FeatureProcessedEmbeddingBagCollectionSharder.sharding_types": (
+        "3365c0be13d84703d6158c306d51ef4b2a8f02774385ea3e6e29c9bbad9f5437"
+    ),
+    # Inherited from BaseEmbeddingSharder: the shim defines it on the feature-processed sharder.
+    "FeatureProcessedEmbeddingBagCollectionSharder.compute_kernels": (
+        "ef9fcaf6af4d5f7fbb07170983c7cb95b112a13d91e02361afa5de185f57e5d3"
+    ),
 }
 
 # The HASHED privates of 1.8.0; torch's are the same source in torch 2.13.0 and 2.14.1.
@@ -89,6 +104,13 @@ RELEASES: Dict[str, Release] = {
             "shard_estimators.calculate_shard_storages": "ebeb59218230a76cba166f845756d69edd9959e6197b1c8d33c385957703df4f",
             "shard_estimators._calculate_shard_io_sizes": "602904e6b7d660fb2335a4a476fa80137d38327beaee6a2d68da81f1a39a0299",
             "stats._calculate_shard_io_sizes": "602904e6b7d660fb2335a4a476fa80137d38327beaee6a2d68da81f1a39a0299",
+            "EmbeddingEnumerator.enumerate": "01b477aa1f35d2d172b54b725909a6d05122e2aac99599770726caa17e9b0879",
+            "FeatureProcessedEmbeddingBagCollectionSharder.sharding_types": (
+                "9ec9a45f00534bcbbec08fa8b60349d984cc6d7afadcde17ff86e2b44507e7b2"
+            ),
+            "FeatureProcessedEmbeddingBagCollectionSharder.compute_kernels": (
+                "3f556ae895dd7fe64a3450deeb8242630e246c2318d7a79294e46c799ef3e9d0"
+            ),
         },
         privates={
             **_PRIVATES_1_8,
@@ -97,10 +119,17 @@ RELEASES: Dict[str, Release] = {
         },
     ),
     "1.8": Release(storage_sharder_arg="sharder_data", sha256=_SHA256_1_8, privates=_PRIVATES_1_8),
-    # 1.9.2: the sharded modules' _initialize_torch_state changed; their contract did not.
+    # 1.9.2: the sharded modules' _initialize_torch_state, the enumerator's enumerate and the base
+    # sharder's compute_kernels changed; their contracts did not.
     "1.9": Release(
         storage_sharder_arg="sharder_data",
-        sha256=_SHA256_1_8,
+        sha256={
+            **_SHA256_1_8,
+            "EmbeddingEnumerator.enumerate": "54fd413e43ed4c0357e3c7d635f384cfdf5423511d71a0396a6e37b98dbe0612",
+            "FeatureProcessedEmbeddingBagCollectionSharder.compute_kernels": (
+                "b1cb579ad1b43f4efa6b66a4b40593d5744199806474e2b5baad6e6cf08a08fb"
+            ),
+        },
         privates={
             **_PRIVATES_1_8,
             _SEBC_INIT: "af4cfa192431a5293963fe54535c3dd031a3274ff243a19c08de573652d638ae",
@@ -161,7 +190,7 @@ def sha256_key(module: Any, name: str) -> str:
 
 @dataclass(frozen=True)
 class Patch:
-    """A module-level function of TorchRec replaced by a frugal-aware wrapper."""
+    """A function of TorchRec (module-level, or a method of a class) replaced by a frugal-aware wrapper."""
 
     module: Any
     name: str
@@ -275,6 +304,38 @@ def _get_sharding_type_abbr(original: Callable[[str], str]) -> Callable[[str], s
     return get_sharding_type_abbr
 
 
+def _enumerate(original: Callable[..., List[Any]]) -> Callable[..., List[Any]]:
+    def enumerate_frugal_first(self: EmbeddingEnumerator, module: Any, sharders: List[Any]) -> List[Any]:
+        # The swap takes however the script plans: see sharding_choice.frugal_first.
+        return frugal_first(original(self, module, sharders), sharders)
+
+    return enumerate_frugal_first
+
+
+def _fp_sharding_types(original: Callable[..., List[str]]) -> Callable[..., List[str]]:
+    def sharding_types(self: FeatureProcessedEmbeddingBagCollectionSharder, compute_device_type: str) -> List[str]:
+        # TorchRec's sharder of feature-processed collections offers its own list, whatever the
+        # sharder it wraps: wrapping a frugal one, it offers "frugal" too (not frugal_row_wise:
+        # its feature processors see a row-sharded batch only after its stock preprocessing).
+        types = original(self, compute_device_type)
+        if FRUGAL in self._ebc_sharder.sharding_types(compute_device_type):
+            return [FRUGAL] + types
+        return types
+
+    return sharding_types
+
+
+def _fp_compute_kernels(original: Callable[..., List[str]]) -> Callable[..., List[str]]:
+    def compute_kernels(
+        self: FeatureProcessedEmbeddingBagCollectionSharder, sharding_type: str, compute_device_type: str
+    ) -> List[str]:
+        if sharding_type in FRUGAL_TYPES:
+            return [EmbeddingComputeKernel.FUSED.value]
+        return original(self, sharding_type, compute_device_type)
+
+    return compute_kernels
+
+
 class FrugalPerfEvaluator(DataParallelEvaluator):
     """Per-rank cost of a frugal table in TorchRec's perf model.
 
@@ -305,6 +366,9 @@ PATCHES: List[Patch] = [
     Patch(shard_estimators, "_calculate_shard_io_sizes", _calculate_shard_io_sizes),
     Patch(stats, "_calculate_shard_io_sizes", _calculate_shard_io_sizes),  # imported by name for the report
     Patch(stats, "_get_sharding_type_abbr", _get_sharding_type_abbr),
+    Patch(EmbeddingEnumerator, "enumerate", _enumerate),
+    Patch(FeatureProcessedEmbeddingBagCollectionSharder, "sharding_types", _fp_sharding_types),
+    Patch(FeatureProcessedEmbeddingBagCollectionSharder, "compute_kernels", _fp_compute_kernels),
 ]
 
 # TorchRec functions the shims rely on without replacing them (their hashes are in RELEASES too).
@@ -355,6 +419,11 @@ _PRIVATES: List[Private] = [
         "torchrec.distributed.embedding.EmbeddingCollectionSharder._use_index_dedup",
         ASSIGNED,
         "embedding: shard() passes it on, as TorchRec's sharder does",
+    ),
+    Private(
+        "torchrec.distributed.fp_embeddingbag.FeatureProcessedEmbeddingBagCollectionSharder._ebc_sharder",
+        ASSIGNED,
+        "patches: the feature-processed sharder offers frugal when the sharder it wraps does",
     ),
     Private(
         "torch.nn.Parameter._in_backward_optimizers",

@@ -18,6 +18,7 @@ next batch, every rank in step, as if the refused one had never been read.
 """
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
@@ -115,6 +116,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         self._dropped_at_end: List[BaseException] = []  # refused batches after the last good one
         self._agreement: Optional[BatchAgreement] = None
         self._frugal: Optional[List[FrugalShardedModuleMixin]] = None
+        self._warned_stock = False  # warned once that the model has no frugal table
 
     def progress(self, dataloader_iter: Iterator[In]) -> Out:
         if self._reader is None or self._reader.source is not dataloader_iter:
@@ -154,6 +156,14 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
             self._frugal = [
                 m for m in self._pipelined_modules if isinstance(m, FrugalShardedModuleMixin) and m.frugal_lookups()
             ]
+            if not self._frugal and not self._warned_stock:
+                self._warned_stock = True
+                warnings.warn(
+                    "FrugalTrainPipeline: the model has no frugal table (every table is on a stock sharding), so it "
+                    "trains as TrainPipelineSparseDist; shard it with FrugalEmbeddingBagCollectionSharder (or "
+                    "FrugalEmbeddingCollectionSharder) given to DistributedModelParallel for frugal tables",
+                    stacklevel=2,
+                )
             window = min((m.lookahead() for m in self._frugal), default=0)
             if self._requested_lookahead is not None and self._frugal:  # no frugal table: nothing to read ahead for
                 if self._requested_lookahead > window:

@@ -48,7 +48,6 @@ from torchrec.distributed.types import (
     ShardMetadata,
     ShardingPlan,
 )
-from torchrec.modules.embedding_configs import BaseEmbeddingConfig, DataType
 
 from ..config import FrugalConfig, check_real
 from ..cost_model import CACHE_RATIO_CHOICES, CostModel, PlanChoice, StepCost, Workload
@@ -57,7 +56,7 @@ from .checkpoint import row_layout
 from .embedding import FrugalEmbeddingCollectionSharder
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder
 from .fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
-from .fused_params import frugal_fused_params, output_params, table_fused_params
+from .fused_params import frugal_fused_params, frugal_refusal, output_params, table_fused_params
 from .patches import frugal_row_bytes
 from .plan_choice import TableCandidates, choose, hardware_profile
 from .stats import FrugalCostStats
@@ -142,29 +141,6 @@ def check_fused_params(module: nn.Module, sharders: List[ModuleSharder[nn.Module
             }
             if tables:
                 output_params(tables)
-
-
-def table_configs(module: nn.Module) -> Dict[str, BaseEmbeddingConfig]:
-    """An embedding module's table configs by name (EmbeddingBagCollection or EmbeddingCollection)."""
-    for attr in ("embedding_bag_configs", "embedding_configs"):
-        configs = getattr(module, attr, None)
-        if callable(configs):
-            return {c.name: c for c in configs()}
-    return {}
-
-
-def frugal_refusal(
-    fused_params: Optional[Dict[str, Any]], config: Optional[BaseEmbeddingConfig], table: str
-) -> Optional[str]:
-    """Why the frugal sharder would refuse ``table`` (a fused_params key it does not honour, table
-    weights other than FP32), or None."""
-    try:
-        frugal_fused_params(dict(fused_params or {}), table)
-    except ValueError as e:
-        return str(e)
-    if config is not None and config.data_type != DataType.FP32:
-        return f"table {table!r}: frugal sharding stores FP32 tables, got {config.data_type}"
-    return None
 
 
 class FrugalShardingPlanner(EmbeddingShardingPlanner):
@@ -331,12 +307,11 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             if sharder is None or FRUGAL not in sharder.sharding_types(self._topology.compute_device):
                 continue
             default = self._default_type(sharder)
-            configs = table_configs(child)
-            for name in sharder.shardable_parameters(child):
+            for name, param in sharder.shardable_parameters(child).items():
                 c = out.get(name)
                 if c is not None and c.sharding_types is not None:
                     continue  # the user's choice (a frugal one is checked once planned)
-                refused = frugal_refusal(sharder.fused_params, configs.get(name), name)
+                refused = frugal_refusal(sharder.fused_params, name, param.dtype)
                 if refused is None:
                     kinds = [choice.get(name, default)]
                 else:  # what the frugal sharder would refuse goes to TorchRec's best stock type

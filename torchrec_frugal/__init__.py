@@ -3,7 +3,11 @@
 The mechanism (host tables, owner caches, lookahead window, priority queue, flushers, gate)
 lives in flat modules free of TorchRec imports; the TorchRec glue is in ``torchrec_frugal.torchrec``.
 """
-from .config import FrugalConfig, OptimizerSpec, TableSpec
+from . import stack
+
+stack.require("torch")  # an ImportError saying what to install first, rather than a bare "No module named"
+
+from .config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
 from .engine import FrugalEngine
 from .errors import FrugalError, FrugalInputError, RankLostError
 from .metrics import StepMetrics

@@ -3,7 +3,11 @@
 Importing this package installs the small planner shims of :mod:`.patches`, so that TorchRec's
 own planner also understands the "frugal" sharding type.
 """
-from . import patches
+from .. import stack
+
+stack.require("torch", "fbgemm_gpu", "torchrec")  # what to install first, if one is missing
+
+from . import patches  # noqa: E402
 from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingCollection
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder, FrugalShardedEmbeddingBagCollection
 from .fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder

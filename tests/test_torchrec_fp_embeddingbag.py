@@ -1,6 +1,7 @@
 """FeatureProcessedEmbeddingBagCollection (position-weighted features) with frugal tables: the
-frugal sharder's wrapper is planned "frugal" by FrugalShardingPlanner and trains as TorchRec's own
-sharder does with table_wise tables (2 gloo ranks, row-wise Adagrad)."""
+frugal sharder's wrapper planned by FrugalShardingPlanner, and TorchRec's own wrapper around the
+frugal sharder planned by DistributedModelParallel, are planned "frugal" and train as TorchRec's
+own sharder does with table_wise tables (2 gloo ranks, row-wise Adagrad)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
@@ -84,14 +85,18 @@ def train(sharding: str) -> Dict[str, Any]:
         sharder: Any = FrugalFeatureProcessedEmbeddingBagCollectionSharder(inner)
         planner = FrugalShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"), batch_size=BATCH)
         plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
+    elif sharding == "wrapped":  # TorchRec's own sharder wrapping ours, planned by DistributedModelParallel
+        inner = FrugalEmbeddingBagCollectionSharder(fused_params=fused, config=FrugalConfig(lookahead=0, cache_ratio=0.1))
+        sharder = FeatureProcessedEmbeddingBagCollectionSharder(ebc_sharder=inner)
+        plan = None
     else:
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
         sharder = FeatureProcessedEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder(fused_params=fused))
         gen = {f"t{t}": table_wise(rank=t % world, compute_kernel="fused") for t in range(len(ROWS))}
         plan = ShardingPlan({"fp": construct_module_sharding_plan(model.fp, gen, sharder=sharder, local_size=world, world_size=world)})
-    kinds = sorted({ps.sharding_type for ps in plan.plan["fp"].values()})  # type: ignore[attr-defined]
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    kinds = sorted({ps.sharding_type for ps in dmp.plan.plan["fp"].values()})  # type: ignore[attr-defined]
     key = "fp._embedding_bag_collection.embedding_bags"
     sd = dmp.state_dict()
     for t, n in enumerate(ROWS):  # both start from the same tables
@@ -113,7 +118,7 @@ def train(sharding: str) -> Dict[str, Any]:
 
 def _rank_main(rank: int, world: int) -> Dict[str, Any]:
     torch.set_num_threads(1)
-    return {s: train(s) for s in ("frugal", "table_wise")}
+    return {s: train(s) for s in ("frugal", "wrapped", "table_wise")}
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +126,14 @@ def world2() -> List[Dict[str, Any]]:
     return run_ranks(2, _rank_main)
 
 
-def test_planned_frugal_and_trained_as_stock(world2: List[Dict[str, Any]]) -> None:
+@pytest.mark.parametrize("how", ["frugal", "wrapped"])
+def test_planned_frugal_and_trained_as_stock(world2: List[Dict[str, Any]], how: str) -> None:
+    """``frugal``: our sharder, FrugalShardingPlanner; ``wrapped``: TorchRec's sharder wrapping ours,
+    DistributedModelParallel(plan=None)."""
     for res in world2:
-        assert res["frugal"]["kinds"] == ["frugal"] and res["table_wise"]["kinds"] == ["table_wise"]
-        np.testing.assert_allclose(res["frugal"]["losses"], res["table_wise"]["losses"], rtol=1e-5)
-    for t, (x, y) in enumerate(zip(world2[0]["frugal"]["tables"], world2[0]["table_wise"]["tables"])):
+        assert res[how]["kinds"] == ["frugal"] and res["table_wise"]["kinds"] == ["table_wise"]
+        np.testing.assert_allclose(res[how]["losses"], res["table_wise"]["losses"], rtol=1e-5)
+    for t, (x, y) in enumerate(zip(world2[0][how]["tables"], world2[0]["table_wise"]["tables"])):
         start = initial_table(t, ROWS[t], DIM).numpy()
         moved = np.abs(y - start).max()
         assert moved > 1e-3, (t, moved)  # the tables trained, and the position weights weighed in

@@ -63,3 +63,17 @@ def test_initial_weights_by_function_or_default_and_shape_checked() -> None:
     assert w[:5].abs().max() <= 5**-0.5 and w[5:].abs().max() <= 7**-0.5
     with pytest.raises(FrugalInputError, match=r"table 'b': initial weights have shape \(7, 2\)"):
         init_host_tables(w, s, TABLES, [torch.zeros(5, 3), torch.zeros(7, 2)], seed=0)
+
+
+def test_large_tables_show_their_initialisation(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filling host tables of more than PROGRESS_BYTES shows a progress bar; smaller ones stay quiet."""
+    from torchrec_frugal import shared_tables
+
+    specs = [TableSpec("a", 30, 4), TableSpec("b", 20, 4)]
+    weights, state = torch.empty(50, 4), torch.empty(50, 4)
+    shared_tables.init_host_tables(weights, state, specs, None, 0)
+    assert "initialising host tables" not in capsys.readouterr().err
+    monkeypatch.setattr(shared_tables, "PROGRESS_BYTES", 50 * 4 * 4)
+    shared_tables.init_host_tables(weights, state, specs, None, 0)
+    assert "initialising host tables" in capsys.readouterr().err
+    assert weights.abs().max() <= (1 / 20) ** 0.5 and float(state.abs().max()) == 0.0

@@ -14,6 +14,7 @@ from typing import Callable, List, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from . import shm
 from .config import FrugalConfig, TableSpec
@@ -159,14 +160,21 @@ def create_shared_memory(
     return mapped[0], controls[0]
 
 
+PROGRESS_BYTES = 1 << 30
+
+
 def init_host_tables(
     weights: torch.Tensor, state: torch.Tensor, tables: Sequence[TableSpec], init_weights: InitWeights, seed: int
 ) -> None:
-    """Fill the fused host tables: zero optimizer state, each table's weights from ``init_weights``."""
+    """Fill the fused host tables: zero optimizer state, each table's weights from ``init_weights``.
+
+    Tables of more than ``PROGRESS_BYTES`` in all show a progress bar: filling tens of gigabytes on
+    one rank takes minutes, and the other ranks wait for it silently."""
     gen = torch.Generator().manual_seed(seed)
     state.zero_()
     offsets = np.cumsum([0] + [t.num_embeddings for t in tables])
-    for t, spec in enumerate(tables):
+    quiet = weights.numel() * weights.element_size() < PROGRESS_BYTES
+    for t, spec in enumerate(tqdm(tables, desc="torchrec_frugal: initialising host tables", unit="table", disable=quiet)):
         view = weights[int(offsets[t]) : int(offsets[t + 1])]
         if init_weights is None:
             bound = (1.0 / spec.num_embeddings) ** 0.5

@@ -21,7 +21,7 @@ COMPAT_STAMP := $(COMPAT)/.installed
 TORCHREC_TESTS := $(wildcard tests/test_torchrec_*.py) tests/test_swap_example.py tests/test_dlrm_train.py tests/test_graph_train.py
 PYTEST_TORCHREC := -m pytest -x -q -p no:cacheprovider $(TORCHREC_TESTS) -k "not real_kg"
 
-.PHONY: demo test test-compat test-latest venv bench clean
+.PHONY: demo test test-compat test-latest test-install venv bench clean
 
 venv: $(STAMP)
 
@@ -65,6 +65,12 @@ $(LATEST_STAMP): requirements-latest.txt setup.cfg pyproject.toml
 test-latest: $(LATEST_STAMP)
 	$(LATEST_PY) $(PYTEST_TORCHREC)
 
+# The wheel installed into a fresh venv (in a temporary directory, removed afterwards) by the CPU
+# commands of docs/install.md, then the swap example and TorchRec tests run against it from outside
+# the checkout (scripts/check_install.sh). Needs no .venv; about 5 minutes on 2 cores.
+test-install:
+	PYTHON=$(PYTHON) scripts/check_install.sh
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_queue.py
 	$(PY) benchmarks/bench_engine.py
@@ -72,4 +78,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_graph.py
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(COMPAT) build *.egg-info
+	rm -rf $(VENV) $(LATEST) $(COMPAT) build dist *.egg-info

@@ -60,8 +60,14 @@ def train(planner: str, lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int
     from torchrec_frugal.errors import FrugalInputError
     from torchrec_frugal.torchrec import FrugalTrainPipeline
 
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+
     dmp, opt, key = build(
-        dist.get_world_size(), sharding, "adagrad", config=FrugalConfig(lookahead=lookahead, cache_ratio=0.05, timeout_s=60.0)
+        dist.get_world_size(),
+        sharding,
+        "adagrad",
+        config=FrugalConfig(lookahead=lookahead, cache_ratio=0.05, timeout_s=60.0),
+        fused_extra={"bounds_check_mode": BoundsCheckMode.FATAL},  # WARNING, the default, trains it as row 0
     )
     pipe = FrugalTrainPipeline(dmp, opt, torch.device("cpu"), planner=planner)
     source = stream(bad, skip)

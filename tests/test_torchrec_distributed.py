@@ -198,6 +198,7 @@ def build(
     config: Optional[Any] = None,
     device: torch.device = CPU,
     data_parallel_wrapper: Optional[Any] = None,
+    fused_extra: Optional[Dict[str, Any]] = None,
 ) -> Tuple[nn.Module, Any, str]:
     """A DMP-wrapped model on ``device``, its CombinedOptimizer, and the key prefix of its embedding tables.
 
@@ -208,6 +209,7 @@ def build(
     its own engine), or through construct_module_sharding_plan a stock type ("table_wise", "row_wise")
     or "frugal_row_wise" (nodes of LOCAL_WORLD_SIZE ranks).
     model_kind: "dlrm" (DLRMTrain), "ec" (ECModel), "variants" or "weighted_variants" (VariantsModel).
+    fused_extra: fused_params added to the optimizer's (every sharder's), e.g. a bounds_check_mode.
     """
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed import DistributedModelParallel
@@ -227,6 +229,7 @@ def build(
     from torchrec_frugal.torchrec.planner import FrugalShardingPlanner, frugal_row_wise
 
     torch.manual_seed(0)  # the same dense initial weights in every run
+    fp = {**fused_params(opt), **(fused_extra or {})}
     n = len(table_rows)
     if model_kind == "dlrm":
         model: nn.Module = DLRMTrain(
@@ -247,25 +250,25 @@ def build(
         path, prefix = "model.sparse_arch.embedding_bag_collection", "embedding_bags"
         module = model.model.sparse_arch.embedding_bag_collection
         frugal_sharder: Any = FrugalEmbeddingBagCollectionSharder(
-            fused_params=fused_params(opt), config=config or FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05)
+            fused_params=fp, config=config or FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05)
         )
-        stock_sharder: Any = EmbeddingBagCollectionSharder(fused_params=fused_params(opt))
+        stock_sharder: Any = EmbeddingBagCollectionSharder(fused_params=fp)
     elif model_kind in ("variants", "weighted_variants"):
         model = VariantsModel(weighted=model_kind == "weighted_variants")
         path, prefix = "ebc", "embedding_bags"
         module = model.ebc
         frugal_sharder = FrugalEmbeddingBagCollectionSharder(
-            fused_params=fused_params(opt), config=config or FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05)
+            fused_params=fp, config=config or FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05)
         )
-        stock_sharder = EmbeddingBagCollectionSharder(fused_params=fused_params(opt))
+        stock_sharder = EmbeddingBagCollectionSharder(fused_params=fp)
     else:
         model = ECModel(table_rows)
         path, prefix = "ec", "embeddings"
         module = model.ec
         frugal_sharder = FrugalEmbeddingCollectionSharder(
-            fused_params=fused_params(opt), config=config or FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05)
+            fused_params=fp, config=config or FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05)
         )
-        stock_sharder = EmbeddingCollectionSharder(fused_params=fused_params(opt))
+        stock_sharder = EmbeddingCollectionSharder(fused_params=fp)
     names = [t[0] for t in VARIANT_TABLES] if "variants" in model_kind else [f"t{t}" for t in range(n)]
 
     env = ShardingEnv.from_process_group(dist.GroupMember.WORLD)
@@ -447,7 +450,10 @@ def run_checks(world: int) -> Dict[str, Any]:
     from torchrec_frugal.errors import FrugalInputError
     from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection
 
-    dmp, optimizer, key = build(world, "frugal", "adagrad")
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+
+    # FATAL: a bad id refused (WARNING, the default, trains it as row 0: test_torchrec_bounds_check.py)
+    dmp, optimizer, key = build(world, "frugal", "adagrad", fused_extra={"bounds_check_mode": BoundsCheckMode.FATAL})
     ebc = next(m for m in dmp.modules() if isinstance(m, FrugalShardedEmbeddingBagCollection))
     data = ZipfBatches(dist.get_rank())
     seen: Dict[str, Any] = {}

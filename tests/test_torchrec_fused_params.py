@@ -522,10 +522,15 @@ def test_each_key_is_honoured_accepted_or_refused() -> None:
         with pytest.raises(ValueError, match=f"table 't0'.*'{key}'=1"):
             frugal_fused_params({key: 1}, "t0")
     frugal_fused_params({"weight_decay_mode": WeightDecayMode.NONE, "max_norm": 0.0}, "t0")
-    for mode in (BoundsCheckMode.FATAL, BoundsCheckMode.NONE):
-        frugal_fused_params({"bounds_check_mode": mode}, "t0")
+    # Every mode is honoured (tests/test_torchrec_bounds_check.py): V2_* as the first version's, the
+    # key unset as FBGEMM's default WARNING.
+    assert frugal_fused_params({}, "t0").bounds_check == "WARNING"
+    for mode in BoundsCheckMode:
+        expected = mode.name[3:] if mode.name.startswith("V2_") else mode.name
+        assert frugal_fused_params({"bounds_check_mode": mode}, "t0").bounds_check == expected, mode
     refused = [
-        ({"bounds_check_mode": BoundsCheckMode.WARNING}, "'bounds_check_mode'=<BoundsCheckMode.WARNING"),
+        ({"bounds_check_mode": "SOMETIMES"}, "'bounds_check_mode'='SOMETIMES'"),
+        ({"bounds_check_mode": 1}, "'bounds_check_mode'=1"),
         ({"weight_decay_mode": WeightDecayMode.DECOUPLE}, "'weight_decay_mode'=<WeightDecayMode.DECOUPLE"),
         ({"output_dtype": SparseType.INT8}, "'output_dtype'=<SparseType.INT8"),
         ({"gradient_clipping": 1}, "'gradient_clipping'=1"),

@@ -273,8 +273,11 @@ def bad_id_is_named() -> Optional[Tuple[int, str]]:
 
     from torchrec_frugal.errors import FrugalInputError
 
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+
     world = dist.get_world_size()
-    dmp, opt, _ = build(world, "frugal", "adagrad", "dlrm", TABLE_ROWS, config=config(6))
+    fatal = {"bounds_check_mode": BoundsCheckMode.FATAL}  # WARNING, the default, trains it as row 0
+    dmp, opt, _ = build(world, "frugal", "adagrad", "dlrm", TABLE_ROWS, config=config(6), fused_extra=fatal)
     data = ZipfBatches(dist.get_rank())
 
     def source() -> Iterator[Any]:

@@ -116,7 +116,10 @@ def _bad_ids(world: int) -> Dict[str, Any]:
     from torchrec_frugal.errors import FrugalInputError
     from torchrec_frugal.torchrec import FrugalShardedEmbeddingBagCollection
 
-    dmp, opt, key = build(world, "frugal_row_wise", "adagrad")
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+
+    fatal = {"bounds_check_mode": BoundsCheckMode.FATAL}  # WARNING, the default, trains it as row 0
+    dmp, opt, key = build(world, "frugal_row_wise", "adagrad", fused_extra=fatal)
     data = ZipfBatches(dist.get_rank())
     train(dmp, opt, data.batches(0, 2))
     before = full_tables(dmp, key, table_shapes("dlrm"))

@@ -1,7 +1,7 @@
 """Cross-rank agreement on each batch read ahead: does every rank's batch plan, or is the step dropped?
 
-A synchronous step needs every rank. When one rank's batch is refused (an id out of range, a
-missing feature), the others must learn it before any of them starts that step's collectives, or
+A synchronous step needs every rank. When one rank's batch is refused (an id out of range under
+bounds_check_mode FATAL, a missing feature), the others must learn it before any of them starts that step's collectives, or
 the refused rank leaves its peers inside an all-to-all. So each rank's planner, having planned
 batch i of its stream, tells the others whether it could, and every rank drops batch i if any
 rank could not: the streams stay aligned, and the run goes on as if the batch had never been read.

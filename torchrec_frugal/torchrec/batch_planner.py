@@ -9,7 +9,7 @@ once it is asked for the next batch: the pipeline waits for that copy before it 
 come before plans, so a planner busy with earlier plans does not hold the loader up. The
 training thread only hands the batch over and later hands the finished plan to the batch's
 forward. With peers, each batch's outcome is agreed after it is planned (:mod:`.batch_agreement`):
-a batch that fails to plan on any rank (an id out of range) fails on every rank, with its cause,
+a batch that fails to plan on any rank (an id refused by its bounds_check_mode) fails on every rank, with its cause,
 where the training thread asks for its plan, and the pipeline drops it.
 
 Modes: ``"thread"`` (the default), ``"inline"`` (the same copies and plans made on the training

@@ -29,6 +29,7 @@ from ..config import FrugalConfig
 from ..device import REACHED, CopyStream, Marker
 from ..errors import FrugalError, FrugalInputError
 from ..int_sort import SortedUnique, sorted_unique, unique_inverse
+from .bounds_check import OutOfRangeLog, RowZero, row_zero
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
 from .row_pooling import TransposedBags, gather_rows, pool_rows, transpose_bags, transpose_sorted_bags
 from .types import FrugalTable
@@ -147,6 +148,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         self._last_lookahead: Optional[_AnnouncedBatch] = None
         self._copies = CopyStream(device)  # plans' index tensors, moved ahead of their step
         self._next_plan: Optional[BatchPlan] = None  # the plan of the next forward's batch (use_plan)
+        self.out_of_range = OutOfRangeLog()  # ids read as row 0 (bounds_check_mode WARNING, IGNORE)
 
     @property
     def feature_names(self) -> List[str]:
@@ -168,27 +170,47 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         """
         return [unique_inverse(fused) for fused in self.fused_ids(features)]
 
-    def fused_ids(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
-        """Per group, the batch's ids as the group's fused rows, in the batch's order; raises,
-        naming the feature, on an id out of range or of a wrong dtype."""
+    def fused_ids(self, features: KeyedJaggedTensor, log: bool = True) -> List[torch.Tensor]:
+        """Per group, the batch's ids as the group's fused rows, in the batch's order. An id out of
+        range is read as row 0 of its table or refuses the batch, by the table's bounds_check_mode
+        (:mod:`.bounds_check`); raises, naming the feature, on a refused id or a wrong dtype.
+        ``log``: report the ids read as row 0 (False: a check whose batch is looked up again later)."""
         self._check_layout(features)
         values, keys, opk = features.values(), features.keys(), features.offset_per_key()
         out = []
+        repairs: List[RowZero] = []
         for g, positions, tables, span in zip(self.groups, self._positions, self._group_tables, self._spans):
             if span is not None:
                 ids = values[opk[span[0]] : opk[span[1]]]
             else:
                 ids = torch.cat([values[opk[p] : opk[p + 1]] for p in positions])
             fused = g.fused_rows_of_tables(tables, [opk[p + 1] - opk[p] for p in positions], ids)
-            if fused is None:  # a wrong id or dtype: find it feature by feature, and name it
-                for p in positions:
-                    try:
-                        g.fused_rows(self._position_table[p], values[opk[p] : opk[p + 1]])
-                    except FrugalInputError as e:
-                        raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
-                raise AssertionError("the batched id check and the per-table one disagree")
+            if fused is None:  # a wrong id or dtype: feature by feature, read as row 0 or named
+                fused = self._fused_by_feature(g, positions, features, repairs)
             out.append(fused)
+        if repairs and log:  # the whole batch accepted: report what was read as row 0
+            self.out_of_range.report(repairs)
         return out
+
+    def _fused_by_feature(
+        self, g: FrugalTableGroup, positions: List[int], features: KeyedJaggedTensor, repairs: List[RowZero]
+    ) -> torch.Tensor:
+        """Group ``g``'s fused rows of a batch whose batched check failed: feature by feature, ids
+        out of range set to row 0 (appended to ``repairs``) or refused, as each table's mode says."""
+        values, keys, opk = features.values(), features.keys(), features.offset_per_key()
+        parts = []
+        for p in positions:
+            ti = self._position_table[p]
+            table, ids = g.tables[ti], values[opk[p] : opk[p + 1]]
+            try:
+                if ids.dtype in (torch.int64, torch.int32):
+                    ids, repair = row_zero(ids, table.num_embeddings, table.name, keys[p], table.bounds_check)
+                    if repair is not None:
+                        repairs.append(repair)
+                parts.append(g.fused_rows(ti, ids))
+            except FrugalInputError as e:
+                raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
+        return torch.cat(parts)
 
     def _rows_for_forward(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """The rows of the batch announced for this step if ``features`` are that batch's ids (no

@@ -22,9 +22,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..config import FrugalConfig
 from ..engine import FrugalEngine
 from ..errors import FrugalInputError
+from .bounds_check import ROW_ZERO, OutOfRangeLog, RowZero, row_zero
 from .checkpoint import held_rows, rows_sharded_tensor
 from .embedding_lookup import BatchPlan, FrugalEmbeddingLookup
 from .frugal_sharding import FrugalEmbeddingSharding
+from .fused_params import frugal_fused_params
 from .node_groups import local_world_size
 from .plan_report import engine_caches, log_plan_report, plan_report
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
@@ -89,24 +91,55 @@ def check_features(features: KeyedJaggedTensor, served: Iterable[str], module: s
         raise FrugalInputError(f"{module}: the input lacks feature(s) {missing} that its tables serve")
 
 
-def check_row_wise_ids(features: KeyedJaggedTensor, limits: Dict[str, Tuple[str, int]]) -> None:
-    """Raise, naming the feature, its table and the id, if an id of a frugal_row_wise feature is out
-    of range: checked here, before the input dist would send it to another node's engine."""
+def row_wise_ids_in_range(
+    features: KeyedJaggedTensor, limits: Dict[str, Tuple[str, int, str]], log: Optional[OutOfRangeLog]
+) -> KeyedJaggedTensor:
+    """``features`` with each id of a frugal_row_wise feature out of range read as row 0 of its table
+    (a new KJT; bounds_check_mode WARNING, IGNORE: row 0 as table_wise reads it, reported to ``log``
+    unless None) or refused, raising, naming the feature, its table and the id (FATAL, NONE): done
+    here, before the input dist would send the id to another node's engine. ``limits``: feature ->
+    (table, rows, mode). A batch whose ids are in range costs a min and a max per feature."""
     if not limits:
-        return
+        return features
     values, opk, keys = features.values(), features.offset_per_key(), features.keys()
+    fixed: Optional[torch.Tensor] = None
+    repairs: List[RowZero] = []
     for i, key in enumerate(keys):
         if key not in limits:
             continue
         ids = values[opk[i] : opk[i + 1]]
-        table, rows = limits[key]
+        table, rows, mode = limits[key]
         if not ids.numel() or (int(ids.min()) >= 0 and int(ids.max()) < rows):
             continue
-        bad = int(ids[(ids < 0) | (ids >= rows)][0])
-        raise FrugalInputError(
-            f"feature {key!r} (table {table!r}, frugal_row_wise): id {bad} is out of range [0, {rows}); "
-            "nothing was changed"
-        )
+        if mode not in ROW_ZERO:
+            bad = int(ids[(ids < 0) | (ids >= rows)][0])
+            raise FrugalInputError(
+                f"feature {key!r} (table {table!r}, frugal_row_wise): id {bad} is out of range [0, {rows}); "
+                "nothing was changed"
+            )
+        try:
+            in_range, repair = row_zero(ids, rows, table, key, mode)
+        except FrugalInputError as e:
+            raise FrugalInputError(f"feature {key!r} (frugal_row_wise): {e}; nothing was changed") from None
+        if fixed is None:
+            fixed = values.clone()
+        fixed[opk[i] : opk[i + 1]] = in_range.to(fixed.device, fixed.dtype)
+        if repair is not None:
+            repairs.append(repair)
+    if fixed is None:
+        return features
+    if log is not None:
+        log.report(repairs)
+    return KeyedJaggedTensor(
+        keys=keys,
+        values=fixed,
+        weights=features.weights_or_none(),
+        lengths=features.lengths(),
+        stride=features.stride(),
+        length_per_key=features.length_per_key(),
+        offset_per_key=opk,
+        inverse_indices=features.inverse_indices_or_none(),
+    )
 
 
 class FrugalShardedModuleMixin:
@@ -137,8 +170,10 @@ class FrugalShardedModuleMixin:
         }
         self._frugal_features = [f for c in configs for f in c.feature_names]
         self._complete_keys: Optional[List[str]] = None  # the keys of the last input found complete
-        # frugal_row_wise features -> (table, rows): checked before the input dist sends their ids
-        self._row_wise_limits: Dict[str, Tuple[str, int]] = {}
+        # frugal_row_wise features -> (table, rows, bounds_check_mode): checked before the input
+        # dist sends their ids; the ids read as row 0 there
+        self._row_wise_limits: Dict[str, Tuple[str, int, str]] = {}
+        self.row_wise_out_of_range = OutOfRangeLog()
 
     def _create_frugal_sharding(
         self, sharding_infos: List[EmbeddingShardingInfo], env: ShardingEnv, device: Optional[torch.device]
@@ -151,7 +186,8 @@ class FrugalShardedModuleMixin:
             kind = self._frugal_row_wise_sharding_type
             for info in sharding_infos:
                 c = info.embedding_config
-                self._row_wise_limits.update({f: (c.name, c.num_embeddings) for f in c.feature_names})
+                mode = frugal_fused_params(info.fused_params or {}, c.name).bounds_check
+                self._row_wise_limits.update({f: (c.name, c.num_embeddings, mode) for f in c.feature_names})
         return kind(
             sharding_infos,
             env,
@@ -173,7 +209,7 @@ class FrugalShardedModuleMixin:
         if keys != self._complete_keys or features.variable_stride_per_key():  # a loader's batches share their keys
             check_features(features, self._frugal_features, type(self).__name__)
             self._complete_keys = list(keys)
-        check_row_wise_ids(features, self._row_wise_limits)
+        features = row_wise_ids_in_range(features, self._row_wise_limits, self.row_wise_out_of_range)
         return super().input_dist(ctx, features)  # type: ignore[misc]
 
     def _report_plan(
@@ -201,13 +237,15 @@ class FrugalShardedModuleMixin:
     def push_lookahead(self, features: KeyedJaggedTensor) -> None:
         """Announce the ids of a future batch of this module (in training order) to its engines.
 
-        Raises, announcing nothing, if an id is out of range or a feature is not served.
+        Raises, announcing nothing, if an id is refused (bounds_check_mode) or a feature is not served.
         """
         self.announce(self.lookahead_rows(features))
 
     def lookahead_rows(self, features: KeyedJaggedTensor) -> List[List[torch.Tensor]]:
         """Per frugal lookup, the engine rows of a batch's ``features`` (validated, nothing changed)."""
         check_features(features, self._frugal_features, type(self).__name__)
+        # frugal_row_wise: as its step's input dist will (which reuses what this sent, and reports)
+        features = row_wise_ids_in_range(features, self._row_wise_limits, None)
         keys = features.keys()
         return [
             # A permute copies every id: skip it when the lookup takes the features as they come.
@@ -224,15 +262,16 @@ class FrugalShardedModuleMixin:
 
     def check_batch(self, features: KeyedJaggedTensor) -> None:
         """Raise, changing nothing, if a future batch's ``features`` would be refused at its step
-        (a missing feature, VBE, an id out of range): the check of a batch that is not planned
-        (frugal_row_wise's ids are checked before they cross nodes, the others' as fused rows)."""
+        (a missing feature, VBE, an id its bounds_check_mode refuses): the check of a batch that is
+        not planned (frugal_row_wise's ids are checked before they cross nodes, the others' as
+        fused rows). Ids read as row 0 are reported when the batch is looked up, not here."""
         check_features(features, self._frugal_features, type(self).__name__)
-        check_row_wise_ids(features, self._row_wise_limits)
+        row_wise_ids_in_range(features, self._row_wise_limits, None)
         keys = features.keys()
         for lookup in self.frugal_lookups():
             if lookup.plans_anywhere:
                 names = lookup.feature_names
-                lookup.fused_ids(features if keys == names else features.permute([keys.index(f) for f in names]))
+                lookup.fused_ids(features if keys == names else features.permute([keys.index(f) for f in names]), log=False)
 
     # ------------------------------------------------------------------ batches planned ahead
     def plans_anywhere(self) -> bool:

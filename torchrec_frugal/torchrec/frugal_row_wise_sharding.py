@@ -182,6 +182,9 @@ class FrugalRowWiseEmbeddingSharding(FrugalEmbeddingSharding[C]):
             row_offset=offset,
             total_rows=table.num_embeddings,
             presample_counts=None if counts is None else counts[offset : offset + rows],
+            # Its ids were brought in range before the input dist (bounds_check.row_zero, on the
+            # whole table's rows): one still out of the node's block would be a fault, not data.
+            bounds_check="FATAL",
         )
 
     def _dist_kwargs(self, device: Optional[torch.device]) -> Dict[str, Any]:

@@ -157,6 +157,7 @@ class FrugalEmbeddingSharding(EmbeddingSharding[C, KeyedJaggedTensor, torch.Tens
                         else self._config.cache_ratio
                     ),
                     presample_counts=counts.get(cfg.name),
+                    bounds_check=fused_params[cfg.name].bounds_check,
                 ))
             )  # fmt: skip
             self._embedding_names.extend(cfg.embedding_names)

@@ -18,6 +18,9 @@ Honoured exactly:
   pooled bag's gradient before the per-id weights and MEAN's 1/L scale, one id's in a sequence.
   The sharding applies it to its lookup's output (:mod:`.frugal_sharding`).
 - ``output_dtype`` (FP32, FP16, BF16): the dtype of the pooled or sequence embeddings.
+- ``bounds_check_mode`` (every BoundsCheckMode; unset: FBGEMM's WARNING): an id out of range is read
+  and trained as row 0 (WARNING, logged; IGNORE), or refuses its batch (FATAL, NONE); see
+  :mod:`.bounds_check`.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from torchrec.distributed.utils import add_params_from_parameter_sharding, conve
 from torchrec.modules.embedding_configs import DataType, data_type_to_sparse_type
 
 from ..config import OptimizerSpec, check_real
+from .bounds_check import bounds_check_mode
 from .embedding_kernel import optimizer_spec
 
 FBGEMM_MAX_GRADIENT = 1.0
@@ -54,6 +58,7 @@ HONOURED = (
     "gradient_clipping",
     "max_gradient",
     "output_dtype",
+    "bounds_check_mode",
 )
 """Keys whose effect frugal tables reproduce (``weight_decay``: see ``optimizer_spec``)."""
 
@@ -104,12 +109,6 @@ OFF_ONLY = (
 """Keys accepted when off (0, None, False, empty, the NONE mode): on, they change what FBGEMM computes
 or where the rows go, which frugal tables do not do."""
 
-BOUNDS_CHECK_MODES = ("FATAL", "V2_FATAL", "NONE")
-"""``bounds_check_mode`` values accepted: frugal raises on an out-of-range id, naming its feature, as
-FATAL does (NONE leaves such an id undefined in FBGEMM). WARNING and IGNORE, which train such an id
-as row 0 or skip it, are refused."""
-
-
 @dataclass(frozen=True)
 class FrugalFusedParams:
     """What a frugal table takes from its fused_params."""
@@ -117,6 +116,7 @@ class FrugalFusedParams:
     optimizer: OptimizerSpec
     output_dtype: torch.dtype = torch.float32
     max_gradient: Optional[float] = None  # gradient_clipping's bound; None: no clipping
+    bounds_check: str = "WARNING"  # bounds_check_mode, V2_* folded (bounds_check.MODES); FBGEMM's default
 
 
 def _refuse(table: str, key: str, value: Any, why: str) -> ValueError:
@@ -133,10 +133,6 @@ def frugal_fused_params(fused_params: Mapping[str, Any], table: str) -> FrugalFu
         if key in OFF_ONLY:
             if getattr(value, "value", value):
                 raise _refuse(table, key, value, "frugal tables take it only when off; shard this table otherwise")
-        elif key == "bounds_check_mode":
-            if getattr(value, "name", value) not in BOUNDS_CHECK_MODES:
-                why = f"frugal raises on an out-of-range id, as FATAL does; accepted: {BOUNDS_CHECK_MODES}"
-                raise _refuse(table, key, value, why)
         else:
             raise _refuse(table, key, value, "not a key frugal tables know (see docs/torchrec.md, fused_params)")
     output_dtype = fused_params.get("output_dtype", SparseType.FP32)
@@ -156,7 +152,11 @@ def frugal_fused_params(fused_params: Mapping[str, Any], table: str) -> FrugalFu
         except ValueError as e:
             raise _refuse(table, "max_gradient", max_gradient, str(e)) from None
         max_gradient = float(max_gradient)
-    return FrugalFusedParams(optimizer_spec(fused_params, table), OUTPUT_DTYPES[output_dtype], max_gradient)
+    try:
+        bounds_check = bounds_check_mode(fused_params.get("bounds_check_mode"))
+    except ValueError as e:
+        raise _refuse(table, "bounds_check_mode", fused_params.get("bounds_check_mode"), str(e)) from None
+    return FrugalFusedParams(optimizer_spec(fused_params, table), OUTPUT_DTYPES[output_dtype], max_gradient, bounds_check)
 
 
 def output_params(tables: Mapping[str, FrugalFusedParams]) -> FrugalFusedParams:

@@ -48,6 +48,8 @@ class FrugalTable:
     presample_counts: Optional[torch.Tensor]
     row_offset: int = 0  # the table's first row this engine holds (frugal_row_wise: its node's block)
     total_rows: Optional[int] = None  # rows of the whole table (None: num_embeddings, all of it)
+    # bounds_check_mode (bounds_check.MODES): an id out of range read as row 0, or its batch refused
+    bounds_check: str = "WARNING"
 
     @property
     def table_rows(self) -> int:

@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -114,7 +114,9 @@ class OutOfRangeLog:
                 crossed = after.bit_length() > before.bit_length()  # a power of two reached
             if first:
                 more = "" if r.count == 1 else f" (and {r.count - 1} more of this feature in the batch)"
-                last = " (the last one logged for this table; then a count at each power of two)" if logged + 1 == FIRST_WARNINGS else ""
+                last = ""
+                if logged + 1 == FIRST_WARNINGS:
+                    last = " (the last one logged for this table; then a count at each power of two)"
                 logger.warning(
                     "table %r, feature %r: id %d is out of range [0, %d); read and trained as row 0, as FBGEMM's "
                     "bounds_check_mode WARNING sets it%s%s",
@@ -128,7 +130,7 @@ class OutOfRangeLog:
                 )  # fmt: skip
 
 
-def row_zero(ids: torch.Tensor, rows: int, table: str, feature: str, mode: str) -> "tuple[torch.Tensor, Optional[RowZero]]":
+def row_zero(ids: torch.Tensor, rows: int, table: str, feature: str, mode: str) -> Tuple[torch.Tensor, Optional[RowZero]]:
     """``ids`` (int32 or int64, a batch's ids of one feature of ``table``) as CPU int64 with each id out of
     [0, rows) set to 0, as FBGEMM's bounds check sets it under ``mode`` WARNING or IGNORE, and what was
     set (None: nothing). Raises FrugalInputError, naming the table and the id, for FBGEMM's

@@ -24,6 +24,7 @@ from torchrec_frugal.cost_model import (
     CostTable,
     DenseModel,
     PLANNER_SHARDINGS,
+    planner_shardings,
     shardings_for,
     Plan,
     Primitives,
@@ -112,7 +113,7 @@ def test_terms_sum_to_the_step_for_every_sharding(profile):
         assert all(v >= 0 for v in c.terms.values()), (name, c.terms)
         assert c.step_s == pytest.approx(sum(c.terms.values()))
         assert c.samples_per_second == pytest.approx(4 * 1024 / c.step_s)
-    assert set(predict_all(CostModel(hw), w)) == set(shardings_for(1))
+    assert set(predict_all(CostModel(hw), w)) == set(shardings_for(1, hw.device))
 
 
 def test_all_to_alls_grow_with_the_ranks_as_the_host_bounce_formula_says():
@@ -213,7 +214,7 @@ def test_a_uniform_per_table_plan_is_the_one_sharding_plan():
 def test_the_chosen_plan_is_never_predicted_slower_than_a_uniform_one(hw_name):
     model, w = CostModel(load_profile(hw_name)), workload(world=4)
     choice = choose_plan(model, w)
-    assert set(choice.uniform) == set(PLANNER_SHARDINGS)
+    assert set(choice.uniform) == set(planner_shardings(1, model.hw.device))
     for s, (plan, cost) in choice.uniform.items():
         assert choice.cost.step_s <= cost.step_s * (1 + 1e-9), s
         assert model.predict(w, plan).step_s == pytest.approx(cost.step_s)
@@ -320,7 +321,7 @@ def test_fit_profile_turns_synthetic_timings_into_a_profile():
     assert p.allreduce_bw == pytest.approx(10e9) and p.allreduce_latency_s == pytest.approx(4e-5)
     assert p.host_read_sorted[-1][1] == pytest.approx(20 * gb)
     assert p.kernel_id_s == pytest.approx(1e-9)
-    assert p.engine_step_s == pytest.approx(2e-4) and p.engine_row_s == pytest.approx(3e-7)
+    assert p.exchange_step_s == pytest.approx(2e-4) and p.exchange_row_s == pytest.approx(3e-7)
     assert p.lookahead_row_s == pytest.approx(1e-7)
     assert p.dense_thread_efficiency == 0.0  # cuda
     assert p.device_memory_bytes == load_profile("h200").device_memory_bytes  # from the base

@@ -56,7 +56,7 @@ def test_on_one_node_frugal_row_wise_is_frugal():
 def test_frugal_alone_cannot_span_nodes():
     with pytest.raises(ValueError, match="across 2 nodes use frugal_row_wise"):
         CostModel(load_profile("cpu")).predict(workload(), Plan(FRUGAL))
-    assert set(predict_all(CostModel(load_profile("cpu")), workload())) == set(shardings_for(2))
+    assert set(predict_all(CostModel(load_profile("cpu")), workload())) == set(shardings_for(2, "cpu"))
     assert FRUGAL not in shardings_for(2) and FRUGAL_ROW_WISE in planner_shardings(2)
 
 
@@ -67,7 +67,7 @@ def test_bytes_between_and_within_nodes_follow_the_dists(lookahead):
     W, N, B = 4, 2, 1024
     R, T, D = W // N, 4, 4 * 32
     w = workload(world=W, nodes=N, batch=B)
-    costs = {s: CostModel(load_profile("cpu")).predict(w, Plan(s, lookahead=lookahead)) for s in shardings_for(N)}
+    costs = {s: CostModel(load_profile("cpu")).predict(w, Plan(s, lookahead=lookahead)) for s in shardings_for(N, "cpu")}
     ids = B * T * 8
     # row_wise: ids spread over W - 1 peers, W - R of them remote; 2 x (W - 1) B D floats out and back
     rw_out = 2 * (W - 1) * B * D * F32

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -97,8 +97,8 @@ def fit_profile(m: Dict[str, Any], base: HardwareProfile, name: str) -> Hardware
         a2a_latency_s=a2a_lat,
         allreduce_bw=ar_bw,
         allreduce_latency_s=ar_lat,
-        engine_step_s=max(0.0, step_s),
-        engine_row_s=max(0.0, row_s),
+        exchange_step_s=max(0.0, step_s),
+        exchange_row_s=max(0.0, row_s),
         lookahead_row_s=la_row_s,
         extra={"measurements": m, "base": base.name},
     )
@@ -380,8 +380,8 @@ def _collectives(rank: int, world: int, reps: int) -> Dict[str, Any]:
 
 def _engine(device: str, steps: int = 30, warmup: int = 5) -> List[Dict[str, float]]:
     """The engine's host-side phases (announce, exchange, bookkeeping) per step on one rank, at two
-    batch sizes, with L = 0 and L = 10: what the fit calls engine_step_s, engine_row_s and
-    lookahead_row_s."""
+    batch sizes, with L = 0 and L = 10: what the exchange worker does beside the step, which the fit
+    calls exchange_step_s, exchange_row_s and lookahead_row_s."""
     import torch
 
     from .config import FrugalConfig, OptimizerSpec, TableSpec
@@ -426,3 +426,49 @@ def calibrate(path: str, base: HardwareProfile, name: str, device: str = "cpu", 
     profile.save(path)
     log(f"wrote {path}")
     return profile
+
+
+# ---------------------------------------------------------------------------- the planner thread
+TIME_PLAN_RECORDED_MS = {("one-hot", 1024): 1.09, ("one-hot", 4096): 3.72, ("multi-hot", 1024): 3.38,
+                         ("multi-hot", 4096): 12.57}  # fmt: skip
+"""``benchmarks/time_plan.py --config criteo-kaggle --scale 0.1 --batch-sizes 1024 4096 --repeats 60``:
+ms to plan one batch on one thread alone, median of 8 invocations (docs/performance.md)."""
+
+
+def time_plan_points(
+    medians_ms: Mapping[Tuple[str, int], float], config: str = "criteo-kaggle", scale: float = 0.1, hot: int = 3
+) -> List[Tuple[float, float, float]]:
+    """(ids, expected distinct rows, seconds) of each batch ``benchmarks/time_plan.py`` plans: per
+    table of ``config`` at ``scale``, ids r x u^3 (u uniform) of B (one-hot) or B x ``hot`` (multi-hot,
+    bags of 0 to 2 hot ids) draws; distinct rows from the exact row probabilities."""
+    from .cost_model import RowDistribution
+    from .datasets import get_config
+
+    rows = get_config(config, scale=scale).rows()
+    dists = []
+    for r in rows:
+        k = np.arange(r + 1, dtype=np.float64) / r
+        dists.append(RowDistribution.from_counts(np.diff(np.cbrt(k))))
+    out = []
+    for (shape, batch), ms in sorted(medians_ms.items()):
+        n = batch * (1 if shape == "one-hot" else hot)
+        out.append((float(n * len(rows)), sum(d.expected_unique(n) for d in dists), 1e-3 * ms))
+    return out
+
+
+def fit_planner(points: Sequence[Tuple[float, float, float]]) -> Dict[str, float]:
+    """planner_step_s + planner_id_s x ids + planner_row_s x distinct rows, least squares with every
+    coefficient >= 0, from (ids, distinct rows, seconds) points."""
+    a = np.array([[1.0, i, u] for i, u, _ in points])
+    x = _nonnegative_lstsq(a, np.array([t for *_, t in points]))
+    return {"planner_step_s": float(x[0]), "planner_id_s": float(x[1]), "planner_row_s": float(x[2])}
+
+
+if __name__ == "__main__":  # python -m torchrec_frugal.calibrate: the planner fields from the recorded time_plan.py run
+    pts = time_plan_points(TIME_PLAN_RECORDED_MS)
+    fit = fit_planner(pts)
+    for (ids, rows, t), key in zip(pts, sorted(TIME_PLAN_RECORDED_MS)):
+        pred = fit["planner_step_s"] + fit["planner_id_s"] * ids + fit["planner_row_s"] * rows
+        print(f"{key[0]:9s} batch {key[1]:5d}: {ids:8.0f} ids, {rows:8.0f} distinct rows, "
+              f"measured {1e3 * t:.2f} ms, fit {1e3 * pred:.2f} ms ({pred / t - 1:+.1%})")
+    print({k: float(f"{v:.3g}") for k, v in fit.items()})

@@ -23,17 +23,36 @@ FRUGAL = "frugal"
 FRUGAL_ROW_WISE = "frugal_row_wise"  # one row block per node, each served by its node's Frugal engine
 FRUGAL_KINDS = (FRUGAL, FRUGAL_ROW_WISE)
 STOCK_SHARDINGS = ("table_wise", "row_wise", "table_row_wise", "data_parallel")
-SHARDINGS = FRUGAL_KINDS + STOCK_SHARDINGS
+FUSED_UVM_CACHING = "fused_uvm_caching"  # TorchRec's EmbeddingComputeKernel values
+FUSED_UVM = "fused_uvm"
+PREFETCH = "+prefetch"  # trained with PrefetchTrainPipelineSparseDist: the cache filled beside the step before
+UVM_KERNELS = (FUSED_UVM_CACHING, FUSED_UVM_CACHING + PREFETCH, FUSED_UVM)
+UVM_SHARDINGS = ("table_wise", "row_wise")
+UVM_CHOICES = tuple(f"{s}:{k}" for s in UVM_SHARDINGS for k in UVM_KERNELS)
+"""TorchRec's offloading as stock choices, "<sharding>:<kernel>": the table in host memory mapped into
+the GPU (UVM), with a device cache of ``Plan.uvm_load_factor`` x rows (fused_uvm_caching; "+prefetch":
+filled for batch i+1 while batch i trains) or without one (fused_uvm). A bare stock sharding is FUSED."""
+STOCK_CHOICES = STOCK_SHARDINGS + UVM_CHOICES
+SHARDINGS = FRUGAL_KINDS + STOCK_CHOICES
 TERMS = (
     "dense_compute", "dense_allreduce", "framework", "embedding_lookup", "embedding_update",
     "input_all_to_all", "output_all_to_all", "table_allreduce", "host_reads", "gradient_exchange",
-    "flush_inline", "engine_host", "gate_stall", "contention",
+    "flush_inline", "engine_host", "gate_stall", "uvm_reads", "uvm_writes", "prefetch_stall", "contention",
 )  # fmt: skip
 """Every term a step can have; a sharding leaves the ones it does not pay at 0."""
 F32 = 4
 INDEX_BYTES = 8  # int64 ids in TorchRec's KJT
 LENGTH_BYTES = 4
 MEMORY_HEADROOM = 0.9  # share of device memory a plan may fill
+UVM_LOAD_FACTOR = 0.2  # TorchRec's default cache_load_factor (batched_embedding_kernel.py)
+UVM_ALGORITHMS = ("lru", "lfu")
+
+
+def split_choice(choice: str) -> Tuple[str, str, bool]:
+    """(sharding, TorchRec compute kernel, prefetch pipeline) of a stock choice or a Frugal kind."""
+    sharding, _, kernel = choice.partition(":")
+    prefetch = kernel.endswith(PREFETCH)
+    return sharding, (kernel[: -len(PREFETCH)] if prefetch else kernel) or "fused", prefetch
 
 
 # ---------------------------------------------------------------------------- id distributions
@@ -101,6 +120,10 @@ class RowDistribution:
         """Expected distinct rows among ``draws`` independent draws: sum_i 1 - (1 - p_i)^draws."""
         return float((self.count * self.touched(draws)).sum())
 
+    def untouched_after(self, draws: float) -> np.ndarray:
+        """Per group: probability that a row is not drawn in ``draws`` draws."""
+        return 1.0 - self.touched(draws)
+
     def top(self, k: float) -> np.ndarray:
         """Rows of each group among the ``k`` hottest rows."""
         before = np.concatenate([[0.0], np.cumsum(self.count)[:-1]])
@@ -124,6 +147,64 @@ class RowDistribution:
         if rest > 0 and unseen.sum() > 0:
             w = w + unseen * min(1.0, rest / float(unseen.sum()))
         return w
+
+
+def uvm_cache(
+    dists: Sequence[RowDistribution], draws: Sequence[float], capacity: float, algorithm: str = "lru"
+) -> List[Tuple[float, float]]:
+    """One device cache of ``capacity`` rows shared by tables drawing ``draws[t]`` ids a step from
+    ``dists[t]`` (FBGEMM's cache of one TBE serves all its tables). Per table: (distinct rows a step
+    that miss and are fetched from host, the same for every step in steady state; the share of the
+    step's distinct rows found in the cache).
+
+    ``lru`` (FBGEMM's default, and what TorchRec's estimator models through reuse distances):
+    Che's approximation under independent draws: the cache holds the rows drawn in the last tau
+    steps, tau such that the expected distinct rows of tau steps of every table fill it; a row drawn
+    in a step misses when it was not drawn in the tau steps before: touched(n) (1 - p)^(n tau).
+    ``lfu``: the bound LFU approaches, the ``capacity`` hottest rows (by ids a step) always cached,
+    every other distinct row of a step fetched.
+    """
+    if algorithm not in UVM_ALGORITHMS:
+        raise ValueError(f"unknown cache algorithm {algorithm!r}; choose one of {UVM_ALGORITHMS}")
+    rows = sum(d.rows for d in dists)
+    out: List[Tuple[float, float]] = []
+    if capacity >= rows:
+        return [(0.0, 1.0) for _ in dists]
+    if algorithm == "lfu":
+        # heat per step of every group of every table, hottest first, the top `capacity` rows cached
+        heat = np.concatenate([d.prob * n for d, n in zip(dists, draws)])
+        count = np.concatenate([d.count for d in dists])
+        order = np.argsort(-heat, kind="stable")
+        before = np.concatenate([[0.0], np.cumsum(count[order])[:-1]])
+        cached_sorted = np.clip(capacity - before, 0.0, count[order])
+        cached = np.empty_like(cached_sorted)
+        cached[order] = cached_sorted
+        at = 0
+        for d, n in zip(dists, draws):
+            g = len(d.count)
+            c, touched = cached[at : at + g], d.touched(n)
+            at += g
+            unique = float((d.count * touched).sum())
+            miss = float(((d.count - c) * touched).sum())
+            out.append((miss, 1.0 - miss / unique if unique > 0 else 1.0))
+        return out
+
+    def filled(tau: float) -> float:
+        return sum(d.expected_unique(n * tau) for d, n in zip(dists, draws))
+
+    lo, hi = 0.0, 1.0
+    while filled(hi) < capacity and hi < 1e15:
+        hi *= 2.0
+    for _ in range(60):  # bisection on log scale is not needed: filled() is smooth and monotone
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if filled(mid) < capacity else (lo, mid)
+    tau = 0.5 * (lo + hi)
+    for d, n in zip(dists, draws):
+        touched = d.touched(n)
+        unique = float((d.count * touched).sum())
+        miss = float((d.count * touched * d.untouched_after(n * tau)).sum())
+        out.append((miss, 1.0 - miss / unique if unique > 0 else 1.0))
+    return out
 
 
 # ---------------------------------------------------------------------------- workload and plan
@@ -203,6 +284,8 @@ class Plan:
     cache_ratio: float = 0.05
     lookahead: int = 10
     tables: Mapping[str, str] = field(default_factory=dict)
+    uvm_load_factor: float = UVM_LOAD_FACTOR  # fused_uvm_caching tables: TorchRec's cache_load_factor
+    uvm_algorithm: str = "lru"  # fused_uvm_caching: FBGEMM's CacheAlgorithm (LRU, its default, or LFU)
 
     def __post_init__(self) -> None:
         for s in (self.sharding, *self.tables.values()):
@@ -210,13 +293,17 @@ class Plan:
                 raise ValueError(f"unknown sharding {s!r}; choose one of {SHARDINGS}")
         if not 0.0 <= self.cache_ratio <= 1.0 or self.lookahead < 0:
             raise ValueError("cache_ratio must be in [0, 1] and lookahead >= 0")
+        if not 0.0 < self.uvm_load_factor <= 1.0 or self.uvm_algorithm not in UVM_ALGORITHMS:
+            raise ValueError(f"uvm_load_factor must be in (0, 1] and uvm_algorithm one of {UVM_ALGORITHMS}")
 
     @classmethod
-    def of(cls, shardings: Mapping[str, str], cache_ratio: float = 0.05, lookahead: int = 10) -> "Plan":
+    def of(cls, shardings: Mapping[str, str], cache_ratio: float = 0.05, lookahead: int = 10,
+           uvm_load_factor: float = UVM_LOAD_FACTOR) -> "Plan":
         """The plan giving each table its sharding in ``shardings`` (the most common one as default)."""
         counts = {s: list(shardings.values()).count(s) for s in SHARDINGS}
         default = max(SHARDINGS, key=lambda s: counts[s])
-        return cls(default, cache_ratio, lookahead, {n: s for n, s in shardings.items() if s != default})
+        return cls(default, cache_ratio, lookahead, {n: s for n, s in shardings.items() if s != default},
+                   uvm_load_factor)  # fmt: skip
 
     def sharding_of(self, table: str) -> str:
         return self.tables.get(table, self.sharding)
@@ -243,7 +330,7 @@ class StepCost:
     samples_per_second: float
     fits: bool  # the plan's tables and caches fit in device memory, and in host memory where the profile says how much
     memory_bytes_per_device: float
-    background_s: float = 0.0  # Frugal's host work beside the step, per rank (flushers; the lookahead worker on an accelerator)
+    background_s: float = 0.0  # Frugal's host work beside the step, per rank (planner thread, exchange worker, flushers)
     host_memory_bytes_per_node: float = 0.0  # Frugal's host tables (cpu device: every rank's memory too)
     details: Dict[str, float] = field(default_factory=dict)  # hit ratio, rows per step, bytes moved
     by_sharding: Dict[str, Dict[str, float]] = field(default_factory=dict)  # each sharding's tables' own terms
@@ -403,7 +490,15 @@ class Primitives:
         """Distinct host rows read by the device in row order (the engine's order)."""
         return 0.0 if rows <= 0 else rows * row_bytes / self.hw.host_read_bw(rows, row_bytes)
 
+    def host_read_random(self, rows: float, row_bytes: float) -> float:
+        """Distinct host rows read by the device in no particular order (a UVM cache's misses)."""
+        if rows <= 0 or row_bytes <= 0:
+            return 0.0
+        return rows * row_bytes / self.hw.host_read_bw(rows, row_bytes, ordered=False)
+
     def host_write(self, rows: float, row_bytes: float) -> float:
+        if rows <= 0 or row_bytes <= 0:
+            return 0.0
         return rows * max(row_bytes, 128.0) / self.hw.host_write_bw
 
     def memcpy(self, nbytes: float) -> float:
@@ -429,7 +524,7 @@ def assign_tables(costs: Sequence[float], ranks: int) -> List[List[int]]:
 
 
 # ---------------------------------------------------------------------------- the model
-DEVICE_TERMS = ("dense_compute", "embedding_lookup", "embedding_update")
+DEVICE_TERMS = ("dense_compute", "embedding_lookup", "embedding_update", "uvm_reads", "uvm_writes")
 HOST_TERMS = ("framework", "engine_host", "gradient_exchange", "flush_inline", "host_reads")
 
 
@@ -461,31 +556,40 @@ class CostModel:
         if set(FRUGAL_KINDS) <= set(groups):
             raise ValueError(f"a plan takes {FRUGAL} (one node) or {FRUGAL_ROW_WISE} (several), not both")
         by_sharding: Dict[str, Dict[str, float]] = {}
-        mem = background = ids = unique = 0.0
+        mem = ids = unique = prefetch = 0.0
+        threads: Dict[str, float] = {}
         frugal_details: Dict[str, float] = {}
         for sharding, idx in groups.items():
             part = replace(w, tables=tuple(w.tables[i] for i in idx))
             if sharding == FRUGAL and w.nodes > 1:
                 raise ValueError(f"{FRUGAL} serves the ranks of one machine; across {w.nodes} nodes use {FRUGAL_ROW_WISE}")
             if sharding in FRUGAL_KINDS:
-                body, m, background, frugal_details, traffic = self._frugal_row_wise(part, plan, p)
+                body, m, threads, frugal_details, traffic = self._frugal_row_wise(part, plan, p)
             else:
                 traffic = [table_traffic(t, part, plan, self.hw.device_is_host) for t in part.tables]
-                body, m = self._stock(part, sharding, p, traffic)
+                body, m, bg = self._stock(part, sharding, p, traffic, plan)
+                prefetch += bg
             by_sharding[sharding] = body
             for k, v in body.items():
                 terms[k] += v
             mem += m  # per group, its fullest device: an upper bound when groups fill different ones
             ids += sum(t.ids for t in traffic)
             unique += sum(t.unique_rank for t in traffic)
-        if set(groups) & set(FRUGAL_KINDS) and plan.lookahead > 0 and not self.hw.device_is_host:
-            # Flushers run beside the step; the gate waits only for what they cannot finish in it.
-            terms["gate_stall"] = max(0.0, background - sum(terms.values()))
+        background = sum(threads.values())
+        if threads:
+            # Frugal's planner thread, exchange worker and flushers run beside the step, each on its
+            # own thread: the step waits only for the one that takes longer than the rest of it.
+            terms["gate_stall"] = max(0.0, max(threads.values()) - sum(terms.values()))
+        if prefetch:
+            # the prefetch pipeline fills the cache for the next batch beside this step, on its own stream
+            terms["prefetch_stall"] = max(0.0, prefetch - sum(terms.values()))
         terms["contention"] = self._contention(w, terms, background)
         step = sum(terms.values())
         dense_bytes = w.dense.params * F32 * (2.0 + w.dense_state_floats)
         host = self._host_bytes(w, plan, mem + dense_bytes)
         details = {"ids_per_rank": ids, "unique_rows_per_rank": unique, **frugal_details,
+                   **{f"{k}_ms": 1e3 * v for k, v in threads.items()},
+                   **({"uvm_prefetch_ms": 1e3 * prefetch} if prefetch else {}),
                    "embedding_bytes_within_node_per_step": w.world_size * p.bytes_within,
                    "embedding_bytes_between_nodes_per_step": w.world_size * p.bytes_between}  # fmt: skip
         return StepCost(
@@ -503,11 +607,16 @@ class CostModel:
 
     def _host_bytes(self, w: Workload, plan: Plan, per_device: float) -> float:
         """Host memory of one node: the frugal tables, whole, once per node (frugal_row_wise: the
-        node's block) with their optimizer state; on a CPU device also every rank's own memory."""
+        node's block) with their optimizer state; the offloaded (UVM) tables of the node's ranks with
+        the state FBGEMM keeps in UVM (all but row-wise state); on a CPU device also every rank's
+        own memory."""
         blocks = w.nodes if w.nodes > 1 else 1
         frugal = sum(-(-t.rows // blocks) * (t.dim + w.state_floats_per_row) * F32
                      for t in w.tables if plan.sharding_of(t.name) in FRUGAL_KINDS)  # fmt: skip
-        return frugal + (w.ranks_per_node * per_device if self.hw.device_is_host else 0.0)
+        host_state = 0.0 if w.state_floats_per_row <= 1.0 else w.state_floats_per_row
+        uvm = sum(t.rows * (t.dim + host_state) * F32 / blocks
+                  for t in w.tables if split_choice(plan.sharding_of(t.name))[1] != "fused")  # fmt: skip
+        return frugal + uvm + (w.ranks_per_node * per_device if self.hw.device_is_host else 0.0)
 
     def _common(self, w: Workload, p: Primitives) -> Dict[str, float]:
         """Dense forward + backward (3x the forward FLOPs) and the dense optimizer, DDP's
@@ -523,9 +632,16 @@ class CostModel:
         }
 
     # ------------------------------------------------------------------ TorchRec
-    def _stock(self, w: Workload, sharding: str, p: Primitives, tr: List[TableTraffic]) -> Tuple[Dict[str, float], float]:
+    def _stock(
+        self, w: Workload, choice: str, p: Primitives, tr: List[TableTraffic], plan: Optional[Plan] = None
+    ) -> Tuple[Dict[str, float], float, float]:
         """TorchRec's fused TBE kernels (lookup, then the optimizer on the distinct rows in the
-        backward) plus its all-to-alls; returns (terms, bytes of tables per device)."""
+        backward) plus its all-to-alls; returns (terms, bytes of tables per device, seconds of
+        cache prefetch beside the step). A ``sharding:kernel`` choice prices TorchRec's offloading
+        (:meth:`_uvm`)."""
+        sharding, kernel, prefetch = split_choice(choice)
+        if kernel != "fused":
+            return self._uvm(w, sharding, kernel, prefetch, p, tr, plan or Plan(choice))
         W, B, T = w.world_size, w.batch_size, len(w.tables)
         rb = [t.dim * F32 for t in w.tables]
         sb = [t.dim * F32 + w.state_floats_per_row * F32 for t in w.tables]  # a row with its state
@@ -571,7 +687,91 @@ class CostModel:
             mem = sum(t.rows * (rb[i] + sb[i]) for i, t in enumerate(w.tables))
         else:
             raise ValueError(f"unknown stock sharding {sharding!r}")
-        return terms, mem
+        return terms, mem, 0.0
+
+    def _uvm(
+        self, w: Workload, sharding: str, kernel: str, prefetch: bool, p: Primitives, tr: List[TableTraffic], plan: Plan
+    ) -> Tuple[Dict[str, float], float, float]:
+        """TorchRec's offloading (FBGEMM's ``EmbeddingLocation.MANAGED_CACHING`` / ``MANAGED``): every
+        table in host memory mapped into the GPU, sharded table_wise or row_wise.
+
+        fused_uvm_caching: a device cache per rank of ``uvm_load_factor`` x the rank's rows (weights
+        only, shared by the rank's tables; :func:`uvm_cache` gives the rows each step misses). The
+        step's distinct rows are pooled and updated in the cache as FUSED does in device memory; the
+        misses are read over the host link as random rows (``host_read_random_bw``), and as many
+        rows are evicted, dirty (every cached row was updated), and written back (``host_write_bw``):
+        on the critical path in the forward, or, with the prefetch pipeline, beside the previous
+        step (only what exceeds the step waits: ``prefetch_stall``). fused_uvm: every distinct
+        row read over the link in the forward, read and written back by the optimizer. Row-wise
+        optimizer state stays in device memory (FBGEMM places it there); wider state lives in UVM
+        and crosses the link with every update. Then the all-to-alls of the sharding, as FUSED.
+        Returns (terms, bytes per device, prefetch seconds beside the step)."""
+        if self.hw.device_is_host:
+            raise ValueError(f"{kernel} is a CUDA kernel (TorchRec's CPU sharders offer only fused); "
+                             f"profile {self.hw.name!r} trains on {self.hw.device}")  # fmt: skip
+        W, B, T = w.world_size, w.batch_size, len(w.tables)
+        hw, sf = self.hw, w.state_floats_per_row * F32
+        rowwise = w.state_floats_per_row <= 1.0
+        dev_state, host_state = (sf, 0.0) if rowwise else (0.0, sf)
+        if sharding == "table_wise":  # (table, ids, distinct rows, distribution, draws, rows) on the table's rank
+            entry = lambda i: (i, W * tr[i].ids, tr[i].unique_all, w.tables[i].distribution, W * tr[i].ids,  # noqa: E731
+                               float(w.tables[i].rows))  # fmt: skip
+        else:
+            entry = lambda i: (i, tr[i].ids, tr[i].unique_all / W, w.tables[i].distribution.block(W),  # noqa: E731
+                               tr[i].ids, w.tables[i].rows / W)  # fmt: skip
+
+        def rank_cost(entries: Sequence[Tuple[int, float, float, RowDistribution, float, float]]) -> Dict[str, float]:
+            out = dict.fromkeys(("embedding_lookup", "embedding_update", "uvm_reads", "uvm_writes", "prefetch"), 0.0)
+            if kernel == FUSED_UVM_CACHING:
+                capacity = plan.uvm_load_factor * sum(e[5] for e in entries)
+                misses = uvm_cache([e[3] for e in entries], [e[4] for e in entries], capacity, plan.uvm_algorithm)
+            for k, (i, ids, unique, _, _, _) in enumerate(entries):
+                rb = w.tables[i].dim * F32
+                if kernel == FUSED_UVM_CACHING:
+                    miss = misses[k][0]
+                    out["embedding_lookup"] += p.device_gather(unique, rb) + ids * hw.kernel_id_s
+                    out["embedding_update"] += p.device_gather(unique, rb + dev_state) + p.device_scatter(unique, rb + dev_state)
+                    fill = p.host_read_random(miss, rb) + p.host_write(miss, rb)  # misses in, evicted dirty rows out
+                    if prefetch:
+                        out["prefetch"] += fill
+                    else:
+                        out["uvm_reads"] += p.host_read_random(miss, rb)
+                        out["uvm_writes"] += p.host_write(miss, rb)
+                    out["uvm_reads"] += p.host_read_random(unique, host_state)
+                    out["uvm_writes"] += p.host_write(unique, host_state)
+                else:  # fused_uvm: weights (and wide state) over the link, row-wise state in the device
+                    out["embedding_lookup"] += ids * hw.kernel_id_s
+                    out["uvm_reads"] += p.host_read_random(unique, rb) + p.host_read_random(unique, rb + host_state)
+                    out["uvm_writes"] += p.host_write(unique, rb + host_state)
+                    if dev_state:
+                        out["embedding_update"] += p.device_gather(unique, dev_state) + p.device_scatter(unique, dev_state)
+            return out
+
+        def device_bytes(idx: Sequence[int]) -> float:
+            rows = sum(entry(i)[5] for i in idx)
+            dims = sum(entry(i)[5] * w.tables[i].dim * F32 for i in idx)
+            cache = plan.uvm_load_factor * dims if kernel == FUSED_UVM_CACHING else 0.0
+            return cache + rows * dev_state
+
+        if sharding == "table_wise":
+            alone = [sum(rank_cost([entry(i)]).values()) for i in range(T)]  # each table with its own cache
+            ranks = assign_tables(alone, W)
+            costs = [rank_cost([entry(i) for i in r]) if r else {} for r in ranks]
+            busiest = max(range(W), key=lambda r: sum(costs[r].values()))
+            terms = {k: v for k, v in costs[busiest].items()}
+            mem = max(device_bytes(r) for r in ranks)
+            ids_sent = sum(t.ids for t in tr) * (W - 1) / W
+            terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + B * T * LENGTH_BYTES * (W - 1) / W)
+            terms["output_all_to_all"] = p.all_to_all(B * sum(t.dim for t in w.tables) * F32 * (W - 1) / W, calls=2)
+        else:
+            terms = rank_cost([entry(i) for i in range(T)])
+            terms["embedding_lookup"] += sum(p.device_stream(W * B * t.dim * F32) for t in w.tables)
+            mem = device_bytes(range(T))
+            ids_sent = sum(t.ids for t in tr) * (W - 1) / W
+            terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + (W - 1) * B * T * LENGTH_BYTES)
+            terms["output_all_to_all"] = p.all_to_all((W - 1) * B * sum(t.dim for t in w.tables) * F32, calls=2)
+        background = terms.pop("prefetch")
+        return terms, mem, background
 
     def _table_row_wise(
         self, w: Workload, p: Primitives, tr: List[TableTraffic], lookup: Callable[[int, float, float], float],
@@ -603,12 +803,12 @@ class CostModel:
     # ------------------------------------------------------------------ Frugal
     def _frugal(
         self, w: Workload, plan: Plan, p: Primitives, tr: List[TableTraffic]
-    ) -> Tuple[Dict[str, float], float, float, Dict[str, float]]:
+    ) -> Tuple[Dict[str, float], float, Dict[str, float], Dict[str, float]]:
         """Frugal's step: device lookups of the rank's cached rows, host reads of every other
         distinct row, gradients exchanged through host memory, the owners' updates, the rows due
         next step written on the training thread, the rest flushed in the background (on a CPU
         device, which has no flusher thread, by the training thread too).
-        Returns (terms, bytes per device, background host seconds beside the step, details)."""
+        Returns (terms, bytes per device, seconds per step of each thread beside the step, details)."""
         W = w.world_size
         hw = self.hw
         sf = w.state_floats_per_row * F32
@@ -617,7 +817,7 @@ class CostModel:
         for t, x in zip(w.tables, tr):
             rb = t.dim * F32
             # the rank's own cached rows from its device memory (each distinct row once), the rest from host
-            lookup += p.device_gather(x.unique_rank - x.host_rows, rb) + x.ids * hw.kernel_id_s
+            lookup += p.device_gather(x.unique_rank - x.host_rows, rb) + x.ids * hw.frugal_id_s
             reads += p.host_read(x.host_rows, rb)
             owned = x.unique_all / W
             if hw.device_is_host:
@@ -639,12 +839,17 @@ class CostModel:
         terms["embedding_update"] = update
         terms["gradient_exchange"] = exchange + (hw.sync_latency_s if W > 1 else 0.0)
         terms["flush_inline"] = inline
-        # The lookahead's bookkeeping: on the training thread on a CPU device, in a worker thread
-        # beside the step on an accelerator (FrugalConfig.lookahead_worker's defaults).
-        window = unique * hw.lookahead_row_s if plan.lookahead else 0.0
-        terms["engine_host"] = hw.engine_step_s + unique * hw.engine_row_s + (window if hw.device_is_host else 0.0)
-        background += 0.0 if hw.device_is_host else window
+        # The planned step: the training thread keeps a flat share of frugal host work; the batch's
+        # plan (ids checked and deduplicated, the bags laid out) is made on the planner thread, the
+        # exchange's announce and bookkeeping (and the lookahead's window) on the exchange worker,
+        # both beside the step (docs/cost_model.md, "Frugal's threads").
         ids = sum(x.ids for x in tr)
+        terms["engine_host"] = hw.frugal_train_thread_s
+        threads = {
+            "planner_thread": hw.planner_step_s + ids * hw.planner_id_s + unique * hw.planner_row_s,
+            "exchange_worker": hw.exchange_step_s + unique * (hw.exchange_row_s + (hw.lookahead_row_s if plan.lookahead else 0.0)),
+            "flushers": background,
+        }  # fmt: skip
         details = {
             "cache_hit_ratio": sum(x.hit_ratio * x.ids for x in tr) / ids,
             "host_rows_per_rank": sum(x.host_rows for x in tr),
@@ -652,11 +857,11 @@ class CostModel:
             "cache_ratio": plan.cache_ratio,
             "lookahead": float(plan.lookahead),
         }
-        return terms, mem, background, details
+        return terms, mem, threads, details
 
     def _frugal_row_wise(
         self, w: Workload, plan: Plan, p: Primitives
-    ) -> Tuple[Dict[str, float], float, float, Dict[str, float], List[TableTraffic]]:
+    ) -> Tuple[Dict[str, float], float, Dict[str, float], Dict[str, float], List[TableTraffic]]:
         """Frugal tables. On one node: one engine over every rank (``frugal``; ``frugal_row_wise``
         with its one block is the same). Across N nodes (``frugal_row_wise``): a table's rows
         split into one block per node; a rank's ids go to the ranks of its local rank on the
@@ -672,7 +877,7 @@ class CostModel:
         draws = None if w.presample_draws is None else w.presample_draws / N
         node = replace(w, tables=blocks, world_size=R, nodes=1, presample_draws=draws)
         traffic = [table_traffic(t, node, plan, self.hw.device_is_host) for t in blocks]
-        terms, mem, background, details = self._frugal(node, plan, Primitives(self.hw, R), traffic)
+        terms, mem, threads, details = self._frugal(node, plan, Primitives(self.hw, R), traffic)
         dim_sum = sum(t.dim for t in w.tables)
         ids = sum(t.ids for t in traffic)  # a rank's own ids, spread over the N blocks
         # With L >= 1 a batch's ids cross L steps early, to feed the owning nodes' windows, and its
@@ -682,7 +887,7 @@ class CostModel:
         terms["input_all_to_all"] = p.exchange(0.0, sent, 0, N - 1, calls=2 if resent else 1)
         terms["output_all_to_all"] = p.exchange(0.0, (N - 1) * B * dim_sum * F32, 0, N - 1, calls=2)
         terms["embedding_lookup"] += p.device_stream(N * B * dim_sum * F32)  # pooled partial sums of N B samples
-        return terms, mem, background, details, traffic
+        return terms, mem, threads, details, traffic
 
     # ------------------------------------------------------------------ sharing the machine
     def _contention(self, w: Workload, terms: Dict[str, float], background: float) -> float:
@@ -691,7 +896,8 @@ class CostModel:
         CPU device: every term is CPU time (dense on ``threads`` threads), and a node's W ranks
         plus their background flushing share ``host_cores``: the step lasts at least W x CPU / cores.
         Accelerator: ranks beyond ``devices`` share them (W / devices x device terms), and the
-        ranks' host-side terms plus background flushing share the host cores.
+        ranks' host-side terms plus their threads beside the step (planner, exchange worker,
+        flushers) share the host cores.
         """
         W, hw = w.ranks_per_node, self.hw  # each node's ranks share its cores and devices
         path = sum(terms.values())
@@ -708,6 +914,8 @@ class CostModel:
 # ---------------------------------------------------------------------------- choosing a plan
 CACHE_RATIO_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2)
 LOOKAHEAD_CHOICES = (0, 2, 5, 10)
+UVM_LOAD_FACTOR_CHOICES = (0.05, 0.1, 0.2, 0.4)
+"""cache_load_factor choices of a fused_uvm_caching plan (TorchRec's default: 0.2)."""
 
 
 def frugal_kind(nodes: int) -> str:
@@ -715,9 +923,28 @@ def frugal_kind(nodes: int) -> str:
     return FRUGAL if nodes == 1 else FRUGAL_ROW_WISE
 
 
-def shardings_for(nodes: int) -> Tuple[str, ...]:
-    """The shardings to compare on ``nodes`` machines: Frugal's kind there, then the stock ones."""
-    return (frugal_kind(nodes),) + STOCK_SHARDINGS
+def shardings_for(nodes: int, device: str = "cuda") -> Tuple[str, ...]:
+    """The choices to compare on ``nodes`` machines: Frugal's kind there, then the stock shardings,
+    then (on a CUDA device) TorchRec's offloading."""
+    return (frugal_kind(nodes),) + STOCK_SHARDINGS + (UVM_CHOICES if device == "cuda" else ())
+
+
+def recommend_stock(
+    model: CostModel, w: Workload, choice: str, load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES
+) -> Tuple[Plan, StepCost]:
+    """A stock choice on every table; for fused_uvm_caching, the cache_load_factor of least predicted
+    step among those that fit (the smallest if none fits)."""
+    if split_choice(choice)[1] != FUSED_UVM_CACHING:
+        plan = Plan(choice)
+        return plan, model.predict(w, plan)
+    best: Optional[Tuple[Plan, StepCost]] = None
+    for lf in load_factors:
+        plan = Plan(choice, uvm_load_factor=lf)
+        cost = model.predict(w, plan)
+        if _better(cost, None if best is None else best[1]):
+            best = (plan, cost)
+    assert best is not None
+    return best
 
 
 def recommend_frugal(
@@ -742,24 +969,31 @@ def recommend_frugal(
 def predict_all(
     model: CostModel, w: Workload, frugal: Optional[Plan] = None, shardings: Optional[Sequence[str]] = None
 ) -> Dict[str, StepCost]:
-    """Every sharding's predicted step (default: ``shardings_for(w.nodes)``); Frugal with
-    ``frugal``'s cache ratio and lookahead, or the recommended ones."""
+    """Every choice's predicted step (default: ``shardings_for(w.nodes, device)``); Frugal with
+    ``frugal``'s cache ratio and lookahead, or the recommended ones; fused_uvm_caching with its
+    recommended cache_load_factor (``details["uvm_load_factor"]``)."""
     out: Dict[str, StepCost] = {}
-    for s in shardings if shardings is not None else shardings_for(w.nodes):
+    for s in shardings if shardings is not None else shardings_for(w.nodes, model.hw.device):
         if s in FRUGAL_KINDS:
             out[s] = model.predict(w, replace(frugal, sharding=s)) if frugal is not None else recommend_frugal(model, w)[1]
         else:
-            out[s] = model.predict(w, Plan(s))
+            plan, out[s] = recommend_stock(model, w, s)
+            if split_choice(s)[1] == FUSED_UVM_CACHING:
+                out[s].details["uvm_load_factor"] = plan.uvm_load_factor
     return out
 
 
 PLANNER_SHARDINGS = (FRUGAL, "table_wise", "row_wise", "table_row_wise")
 """What a table may take when the planner chooses on one node (data_parallel replicates whole
-tables); across nodes ``frugal_row_wise`` takes frugal's place (:func:`planner_shardings`)."""
+tables); across nodes ``frugal_row_wise`` takes frugal's place (:func:`planner_shardings`); on a
+CUDA device also TorchRec's offloading of table_wise and row_wise."""
 
 
-def planner_shardings(nodes: int) -> Tuple[str, ...]:
-    return (frugal_kind(nodes),) + PLANNER_SHARDINGS[1:]
+def planner_shardings(nodes: int, device: str = "cuda", prefetch: bool = False) -> Tuple[str, ...]:
+    """The planner's candidates: ``prefetch`` adds fused_uvm_caching with the prefetch pipeline
+    (the model must then be trained with TorchRec's PrefetchTrainPipelineSparseDist)."""
+    uvm = tuple(c for c in UVM_CHOICES if prefetch or not c.endswith(PREFETCH)) if device == "cuda" else ()
+    return (frugal_kind(nodes),) + PLANNER_SHARDINGS[1:] + uvm
 
 
 @dataclass
@@ -789,6 +1023,7 @@ def choose_plan(
     cache_ratios: Sequence[float] = CACHE_RATIO_CHOICES,
     lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
     rounds: int = 4,
+    load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES,
 ) -> PlanChoice:
     """A sharding per table, a cache ratio and a lookahead of least predicted step time.
 
@@ -803,20 +1038,27 @@ def choose_plan(
     uniform plan.
     """
     names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
-    cand = {n: tuple((candidates or {}).get(n, planner_shardings(w.nodes))) for n in names}
+    cand = {n: tuple((candidates or {}).get(n, planner_shardings(w.nodes, model.hw.device))) for n in names}
     if any(not c for c in cand.values()):
         raise ValueError("every table needs at least one candidate sharding")
 
     def tune(assign: Dict[str, str], plan: Plan, cost: Optional[StepCost]) -> Tuple[Plan, StepCost]:
-        """The best cache ratio and L for ``assign`` (kept as in ``plan`` on ties)."""
+        """The best cache ratio and L (with fused_uvm_caching tables: cache_load_factor) for
+        ``assign`` (kept as in ``plan`` on ties)."""
         best = (plan, cost if cost is not None else model.predict(w, plan))
         if set(assign.values()) & set(FRUGAL_KINDS):
             for c in cache_ratios:
                 for L in lookaheads:
-                    trial = Plan.of(assign, c, L)
+                    trial = Plan.of(assign, c, L, best[0].uvm_load_factor)
                     trial_cost = model.predict(w, trial)
                     if _better(trial_cost, best[1]):
                         best = (trial, trial_cost)
+        if any(split_choice(s)[1] == FUSED_UVM_CACHING for s in assign.values()):
+            for lf in load_factors:
+                trial = Plan.of(assign, best[0].cache_ratio, best[0].lookahead, lf)
+                trial_cost = model.predict(w, trial)
+                if _better(trial_cost, best[1]):
+                    best = (trial, trial_cost)
         return best
 
     def descend(assign: Dict[str, str], plan: Plan, cost: StepCost) -> Tuple[Plan, StepCost]:
@@ -827,7 +1069,7 @@ def choose_plan(
                     if s == assign[n]:
                         continue
                     trial = {**assign, n: s}
-                    trial_plan = Plan.of(trial, plan.cache_ratio, plan.lookahead)
+                    trial_plan = Plan.of(trial, plan.cache_ratio, plan.lookahead, plan.uvm_load_factor)
                     trial_cost = model.predict(w, trial_plan)
                     if _better(trial_cost, cost):
                         assign, plan, cost, moved = trial, trial_plan, trial_cost, True

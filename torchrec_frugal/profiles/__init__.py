@@ -62,21 +62,31 @@ class HardwareProfile:
     a2a_latency_s: float  # per peer and call
     allreduce_bw: float  # bus bandwidth of an all-reduce
     allreduce_latency_s: float  # per call and ring step
-    # the Frugal engine's host-side work on the training thread
-    engine_step_s: float  # fixed per step (gate, announce, metrics)
-    engine_row_s: float  # per distinct row of the step (lookup plan, exchange, queue)
-    lookahead_row_s: float  # per distinct announced row when L > 0 (window bookkeeping)
+    # Frugal's host-side work per rank (the planned step: docs/cost_model.md, "Frugal's threads")
+    frugal_train_thread_s: float  # the training thread's own frugal work per step (flat in the batch)
+    planner_step_s: float  # the planner thread, per batch: fixed
+    planner_id_s: float  # the planner thread, per id of the rank's batch
+    planner_row_s: float  # the planner thread, per distinct row of the rank's batch
+    exchange_step_s: float  # the exchange worker, per step: fixed (announce, exchange, bookkeeping)
+    exchange_row_s: float  # the exchange worker, per distinct row of the step
+    lookahead_row_s: float  # the exchange worker, per distinct announced row when L > 0 (window bookkeeping)
     sync_latency_s: float  # one barrier of the ranks through shared memory
     # between machines (optional: only plans spanning nodes need them)
     network_bw: Optional[float] = None  # bytes/s one node sends to the others (its NICs together)
     network_latency_s: Optional[float] = None  # per remote peer and call
     host_memory_bytes: Optional[float] = None  # per node: holds Frugal's tables (None: not checked)
+    frugal_kernel_id_s: Optional[float] = None  # per id: Frugal's pooling and its transposed backward (None: kernel_id_s)
     notes: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form facts (measured points, dates)
 
     @property
     def device_is_host(self) -> bool:
         return self.device == "cpu"
+
+    @property
+    def frugal_id_s(self) -> float:
+        """Frugal's per-id kernel work: ``frugal_kernel_id_s``, or stock's ``kernel_id_s`` where unmeasured."""
+        return self.kernel_id_s if self.frugal_kernel_id_s is None else self.frugal_kernel_id_s
 
     def host_read_bw(self, rows: float, row_bytes: float, ordered: bool = True) -> float:
         """Bytes/s of reading ``rows`` distinct host rows of ``row_bytes``.
@@ -111,10 +121,14 @@ class HardwareProfile:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
-_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s", "host_memory_bytes"}
+_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s"}
+_OBSOLETE = {"engine_step_s", "engine_row_s"}
+"""Fields of profiles written before the planned step (the engine's host work priced on the training
+thread); a file holding them still loads, without them (docs/cost_model.md, "Frugal's threads")."""
 _NONNEGATIVE = {"dense_thread_efficiency", "op_overhead_s", "framework_step_s", "framework_id_s", "framework_dist_step_s",
-                "kernel_id_s", "a2a_latency_s", "allreduce_latency_s", "engine_step_s", "engine_row_s",
-                "lookahead_row_s", "sync_latency_s", "network_latency_s"}  # fmt: skip
+                "kernel_id_s", "a2a_latency_s", "allreduce_latency_s", "frugal_train_thread_s", "planner_step_s",
+                "planner_id_s", "planner_row_s", "exchange_step_s", "exchange_row_s", "lookahead_row_s",
+                "sync_latency_s", "network_latency_s", "frugal_kernel_id_s"}  # fmt: skip
 
 
 def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProfile:
@@ -122,6 +136,7 @@ def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProf
     if not isinstance(d, dict):
         raise ProfileError(f"{where}: expected a JSON object, got {type(d).__name__}")
     known = {f.name: f for f in fields(HardwareProfile)}
+    d = {k: v for k, v in d.items() if k not in _OBSOLETE}
     unknown = sorted(set(d) - set(known))
     if unknown:
         raise ProfileError(f"{where}: unknown field(s) {', '.join(unknown)}")
@@ -133,7 +148,7 @@ def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProf
         if name not in d:
             continue
         v = d[name]
-        if name in ("network_bw", "network_latency_s", "host_memory_bytes") and v is None:
+        if name in ("network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s") and v is None:
             out[name] = None
             continue
         if name in ("name", "description", "notes"):

@@ -171,3 +171,27 @@ def test_a_mixed_plan_chosen_by_the_cost_model_trains_like_table_wise() -> None:
         assert [res["planned"]["types"][f"t{t}"] for t in range(n)] == [FRUGAL] * (n - 1) + ["table_wise"]
         assert res["planned"]["engine_lookahead"] == [res["planned"]["planner_lookahead"]]
     trd.assert_same_training(results, "planned", "tw")
+
+
+def test_a_table_too_large_for_the_gpus_is_planned_on_uvm_caching() -> None:
+    """On a CUDA topology whose devices hold none of the large table (FUSED) the planner may offload
+    it: TorchRec's fused_uvm_caching kernel in the plan, with the chosen cache_load_factor."""
+    hbm = 6 * 2**20
+    hw = replace(RTX3090, device_memory_bytes=float(hbm))
+    plan, planner, _ = planned(hw, Topology(world_size=2, compute_device="cuda", hbm_cap=hbm))
+    chosen = planner.predicted["plan"]
+    assert chosen.fits
+    big = plan.plan[EBC_PATH]["t2"]  # 200,000 rows x 16: 12.8 MB
+    assert big.compute_kernel == "fused_uvm_caching" and big.sharding_type in ("table_wise", "row_wise")
+    assert big.cache_params is not None and big.cache_params.load_factor == planner._choice[1].plan.uvm_load_factor
+
+
+def test_on_a_cpu_topology_only_the_kernels_the_cpu_sharder_offers_are_candidates() -> None:
+    """TorchRec's CPU sharders offer only fused: a CPU topology never gets an offloading candidate,
+    even with a GPU profile, and every planned table keeps the fused kernel (or frugal)."""
+    sharder = FrugalEmbeddingBagCollectionSharder(fused_params=ADAGRAD)
+    assert sharder.compute_kernels("table_wise", "cpu") == ["fused"]
+    tables = TableCandidates(dlrm(), [sharder], {}, "cpu")
+    assert all(":" not in s for c in tables.candidates.values() for s in c)
+    plan, _, _ = planned(RTX3090, Topology(world_size=2, compute_device="cpu"))
+    assert {ps.compute_kernel for ps in plan.plan[EBC_PATH].values()} == {"fused"}

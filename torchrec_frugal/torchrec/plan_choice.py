@@ -24,13 +24,18 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import nn
+from dataclasses import replace
+
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.planner.utils import sharder_name
-from torchrec.distributed.types import ModuleSharder
+from torchrec.distributed.types import CacheParams, ModuleSharder
 
 from ..cost_model import (
+    FUSED_UVM_CACHING,
     SHARDINGS,
+    UVM_SHARDINGS,
     CostModel,
+    Plan,
     CostTable,
     DenseModel,
     PlanChoice,
@@ -38,6 +43,7 @@ from ..cost_model import (
     Workload,
     choose_plan,
     planner_shardings,
+    split_choice,
 )
 from ..datasets import SkewConfig
 from ..optimizers import state_width
@@ -63,7 +69,10 @@ class TableCandidates:
         constraints: Mapping[str, ParameterConstraints],
         compute_device: str,
         nodes: int = 1,
+        uvm: bool = True,
     ) -> None:
+        """``uvm``: offer TorchRec's offloading (fused_uvm_caching, fused_uvm) where the sharder
+        offers the kernel for ``compute_device`` (TorchRec's CPU sharders offer only fused)."""
         by_type = {sharder_name(s.module_type): s for s in sharders}
         self.shapes: Dict[str, Tuple[int, int]] = {}
         self.pooling: Dict[str, float] = {}
@@ -76,14 +85,23 @@ class TableCandidates:
             if sharder is None:
                 continue
             offered = sharder.sharding_types(compute_device)
+
+            def offers(choice: str) -> bool:
+                sharding, kernel, _ = split_choice(choice)
+                if sharding not in offered:
+                    return False
+                return kernel == "fused" or (uvm and kernel in sharder.compute_kernels(sharding, compute_device))
+
             for name, param in sharder.shardable_parameters(child).items():
                 table_numel += param.numel()
                 c = constraints.get(name)
                 if c is None or c.sharding_types is None:
-                    cand = tuple(s for s in planner_shardings(nodes) if s in offered)
+                    cand = tuple(s for s in planner_shardings(nodes, "cuda" if uvm else "cpu") if offers(s))
                     self.free.add(name)
-                else:  # kept as the user constrained it; modelled with its first type the model knows
-                    cand = tuple(s for s in c.sharding_types if s in SHARDINGS)[:1]
+                else:  # kept as the user constrained it; modelled with its first type (and kernel) the model knows
+                    kernels = [k for k in (c.compute_kernels or []) if f"table_wise:{k}" in SHARDINGS]
+                    typed = [f"{s}:{kernels[0]}" if kernels and s in UVM_SHARDINGS else s for s in c.sharding_types]
+                    cand = tuple(s for s in typed if s in SHARDINGS)[:1]
                 if not cand:
                     continue  # a type the cost model does not price (column_wise, grid_shard)
                 self.candidates[name] = cand
@@ -138,3 +156,18 @@ def choose(
         nodes=nodes,
     )
     return w, choose_plan(CostModel(hardware), w, tables.candidates, cache_ratios=cache_ratios)
+
+
+def constrain(c: ParameterConstraints, plan: Optional[Plan]) -> ParameterConstraints:
+    """A free table's constraint once chosen: a ``sharding:kernel`` choice (TorchRec's offloading)
+    becomes TorchRec's sharding type, ``compute_kernels=[kernel]`` and, for fused_uvm_caching, the
+    plan's ``cache_params.load_factor`` (``prefetch_pipeline`` with the prefetch pipeline)."""
+    if not c.sharding_types or ":" not in c.sharding_types[0]:
+        return c
+    sharding, kernel, prefetch = split_choice(c.sharding_types[0])
+    out = replace(c, sharding_types=[sharding], compute_kernels=[kernel])
+    if kernel == FUSED_UVM_CACHING:
+        load_factor = plan.uvm_load_factor if plan is not None else None
+        params = c.cache_params or CacheParams()
+        out = replace(out, cache_params=replace(params, load_factor=load_factor, prefetch_pipeline=prefetch or None))
+    return out

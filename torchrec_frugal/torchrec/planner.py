@@ -58,7 +58,7 @@ from .embeddingbag import FrugalEmbeddingBagCollectionSharder
 from .fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
 from .fused_params import frugal_fused_params, frugal_refusal, output_params, table_fused_params
 from .patches import frugal_row_bytes
-from .plan_choice import TableCandidates, choose, hardware_profile
+from .plan_choice import TableCandidates, choose, constrain, hardware_profile
 from .stats import FrugalCostStats
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
@@ -319,6 +319,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
                     kinds = [t for t in sharder.sharding_types(device) if t not in FRUGAL_TYPES]
                     logger.warning("FrugalShardingPlanner: table %r planned among %s, not frugal: %s", name, kinds, refused)
                 out[name] = ParameterConstraints(sharding_types=kinds) if c is None else replace(c, sharding_types=kinds)
+                out[name] = constrain(out[name], self._choice[1].plan if self._choice is not None else None)
         return out
 
     def _nodes(self) -> int:
@@ -341,7 +342,9 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         if self._hardware is None:
             return {}
         nodes = self._nodes()
-        tables = TableCandidates(module, sharders, self._user_constraints, self._topology.compute_device, nodes)
+        device = self._topology.compute_device
+        tables = TableCandidates(module, sharders, self._user_constraints, device, nodes,
+                                 uvm=device == "cuda" and not self._hardware.device_is_host)  # fmt: skip
         if not tables.shapes:
             return {}
         world = self._topology.world_size

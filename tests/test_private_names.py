@@ -99,11 +99,61 @@ def _accesses(tree: ast.AST) -> Iterator[Tuple[int, str, str]]:
                     yield node.lineno, f"from {node.module} import {alias.name}", alias.name
 
 
+def _class_privates(trees: Iterator[ast.AST]) -> Dict[str, Tuple[Set[str], List[str]]]:
+    """Per class of ours: the private names it defines (methods, class attributes, ``self._x = ...``
+    in its methods) and the names of its bases."""
+    out: Dict[str, Tuple[Set[str], List[str]]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                names = _defined(ast.Module(body=node.body, type_ignores=[]))
+                bases = [ast.unparse(b).rsplit(".", 1)[-1].split("[")[0] for b in node.bases]
+                known = out.get(node.name, (set(), []))
+                out[node.name] = (known[0] | names, known[1] + bases)
+    return out
+
+
+def _inherited(cls: str, classes: Dict[str, Tuple[Set[str], List[str]]]) -> Set[str]:
+    """Private names ``cls`` and its bases among our classes define."""
+    seen: Set[str] = set()
+    names: Set[str] = set()
+    todo = [cls]
+    while todo:
+        c = todo.pop()
+        if c in seen or c not in classes:
+            continue
+        seen.add(c)
+        names |= classes[c][0]
+        todo.extend(classes[c][1])
+    return names
+
+
+def _self_accesses(tree: ast.AST) -> Iterator[Tuple[str, int, str, str]]:
+    """(class, line, expression, private name) of ``self._x`` / ``cls._x`` read in a class's methods."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for sub in ast.walk(node):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and _is_private(sub.attr)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id in ("self", "cls")
+                ):
+                    yield node.name, sub.lineno, ast.unparse(sub), sub.attr
+
+
 def violations() -> List[str]:
     parsed = {p: ast.parse(p.read_text(), str(p)) for p in _sources()}
     ours: Set[str] = set().union(*(_defined(t) for t in parsed.values()))
     guarded = _guarded_privates()
+    classes = _class_privates(iter(parsed.values()))
     out = []
+    for path, tree in parsed.items():
+        for cls, line, expr, name in _self_accesses(tree):
+            # An attribute of self that neither the class nor our bases of it define is a private of a
+            # third-party base class: allowed only where guarded (TorchRec's) or listed.
+            if name not in _inherited(cls, classes) and name not in guarded and name not in THIRD_PARTY:
+                out.append(f"{path.relative_to(ROOT)}:{line}: {expr} (a third-party base class's private)")
     for path, tree in parsed.items():
         own = _defined(tree)
         for line, expr, name in _accesses(tree):
@@ -149,3 +199,58 @@ def test_the_check_finds_reach_ins(code: str, flagged: bool) -> None:
     tree = ast.parse(code)
     found = [n for _, _, n in _accesses(tree) if n not in _defined(tree)]
     assert bool(found) == flagged, (code, found)
+
+
+@pytest.mark.parametrize(
+    "code, flagged",
+    [
+        ("class A(Stock):\n    def f(self):\n        return self._env", True),
+        ("class A(Stock):\n    def __init__(self):\n        self._env = 1\n    def f(self):\n        return self._env", False),
+        ("class M:\n    def _setup(self): ...\nclass A(M, Stock):\n    def f(self):\n        self._setup()", False),
+        ("class A(Stock):\n    def f(self):\n        self._model_fwd = g", False),
+    ],
+)
+def test_the_check_finds_privates_of_third_party_bases(code: str, flagged: bool) -> None:
+    """``self._x`` that neither the class nor a base of ours defines belongs to a third-party base."""
+    tree = ast.parse(code)
+    classes = _class_privates(iter([tree]))
+    found = [n for cls, _, _, n in _self_accesses(tree) if n not in _inherited(cls, classes)]
+    assert bool(found) == flagged, (code, found)
+
+
+def overridden_third_party_privates() -> List[str]:
+    """Private names our classes define that a third-party base class of theirs also has (a method,
+    or an attribute its source assigns), and that patches.THIRD_PARTY_PRIVATES does not guard:
+    overriding them silently depends on how the base class uses them."""
+    import importlib
+    import inspect
+    import pkgutil
+    import re
+
+    import torchrec_frugal
+
+    guarded = _guarded_privates()
+    found = []
+    for info in pkgutil.walk_packages(torchrec_frugal.__path__, "torchrec_frugal."):
+        module = importlib.import_module(info.name)
+        assert module.__file__ is not None
+        for name, (privates, _) in _class_privates(iter([ast.parse(Path(module.__file__).read_text())])).items():
+            cls = getattr(module, name, None)
+            if not inspect.isclass(cls):
+                continue
+            for base in cls.__mro__[1:]:
+                if base.__module__.startswith("torchrec_frugal") or base is object:
+                    continue
+                try:
+                    source = inspect.getsource(base)
+                except (OSError, TypeError):
+                    source = ""
+                for private in sorted(privates - guarded):
+                    if private in vars(base) or re.search(rf"self\.{re.escape(private)}\b", source):
+                        found.append(f"{info.name}.{name}.{private} (of {base.__module__}.{base.__qualname__})")
+    return found
+
+
+def test_no_unguarded_third_party_private_is_overridden() -> None:
+    found = overridden_third_party_privates()
+    assert not found, "privates of third-party base classes redefined without a guard:\n" + "\n".join(found)

@@ -70,7 +70,7 @@ class FrugalShardedEmbeddingCollection(FrugalShardedModuleMixin, ShardedEmbeddin
             use_index_dedup=use_index_dedup,
             module_fqn=module_fqn,
         )
-        self._report_plan(module_fqn, module.embedding_configs(), table_name_to_parameter_sharding, env)
+        self._after_sharding(module_fqn, module.embedding_configs(), table_name_to_parameter_sharding, env)
 
     def create_embedding_sharding(  # type: ignore[override]
         self,

@@ -212,10 +212,12 @@ class FrugalShardedModuleMixin:
         features = row_wise_ids_in_range(features, self._row_wise_limits, self.row_wise_out_of_range)
         return super().input_dist(ctx, features)  # type: ignore[misc]
 
-    def _report_plan(
+    def _after_sharding(
         self, module_fqn: Optional[str], configs: Iterable[Any], params: Dict[str, ParameterSharding], env: ShardingEnv
     ) -> None:
-        """Keep the plan report as ``frugal_plan_report`` and log it on rank 0 (see :mod:`.plan_report`)."""
+        """Once the parent's __init__ has sharded the module: keep its process group (the batch
+        agreement's), keep the plan report as ``frugal_plan_report`` and log it on rank 0."""
+        self._frugal_pg = env.process_group
         self.frugal_plan_report = plan_report(module_fqn or "", list(configs), params, engine_caches(self.frugal_engines()))
         if env.rank == 0:
             log_plan_report(self.frugal_plan_report)
@@ -306,7 +308,7 @@ class FrugalShardedModuleMixin:
 
     def agreement_group(self) -> Tuple[Optional[dist.ProcessGroup], float]:
         """The process group whose ranks train this module together, and how long one waits for another."""
-        return self._env.process_group, self._frugal_config.timeout_s  # type: ignore[attr-defined]
+        return self._frugal_pg, self._frugal_config.timeout_s
 
     def lookahead(self) -> int:
         """The engines' lookahead window L (the module must have frugal tables)."""

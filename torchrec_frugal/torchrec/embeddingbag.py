@@ -76,7 +76,7 @@ class FrugalShardedEmbeddingBagCollection(FrugalShardedModuleMixin, ShardedEmbed
             module_fqn=module_fqn,
             sharded_module_order_overwrite=sharded_module_order_overwrite,
         )
-        self._report_plan(module_fqn, module.embedding_bag_configs(), table_name_to_parameter_sharding, env)
+        self._after_sharding(module_fqn, module.embedding_bag_configs(), table_name_to_parameter_sharding, env)
 
     def create_embedding_bag_sharding(  # type: ignore[override]
         self,

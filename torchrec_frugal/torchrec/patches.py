@@ -81,12 +81,15 @@ _SHA256_1_8 = {
 # The HASHED privates of 1.8.0; torch's are the same source in torch 2.13.0 and 2.14.1.
 _SEBC_INIT = "torchrec.distributed.embeddingbag.ShardedEmbeddingBagCollection._initialize_torch_state"
 _SEC_INIT = "torchrec.distributed.embedding.ShardedEmbeddingCollection._initialize_torch_state"
+_EVALUATOR = "torchrec.distributed.planner.estimator.estimator.EmbeddingShardingPerfEvaluator"
 _PRIVATES_1_8 = {
     _SEBC_INIT: "572a09c740aa7da839a9a1899d893740ca4399311ba5011790561e7f92adfd77",
     _SEC_INIT: "432f517c3f102f98aee355f1a5dd9716e8102cb156c2f112d3c5e556e2e89723",
     "torch.nn.Module._register_state_dict_hook": "e58ff985b035ff3ebd187a688ea81a6252e983fc0578a1112ec099a56253fd53",
     "torch.nn.Module._register_load_state_dict_pre_hook": "b05194fb62978cea5a81560b761ee2afd5cf2ac50341b6b8c40caac32bae58d7",
     "torchrec.optim.optimizers.in_backward_optimizer_filter": "cb4e4b53018f9c808df3500a3ab4beb8ab66044f94c5f434ab53da9ca436b752",
+    f"{_EVALUATOR}._get_device_bw": "6949d039e4c132e20d4e08270300c00d44439dc818cf5db92703ce52b87a9206",
+    f"{_EVALUATOR}._default_bwd_comms": "7daec468235cf192f652f90938ca95ca2a61c7b679ff18a83ca30f4e63c4740d",
     "torch.distributed._shard.sharded_tensor.ShardedTensor._init_from_local_shards_and_global_metadata": (
         "46972e65a59e0b44960424063ff3adbf229ba3b747626965ff82c05aa892109f"
     ),
@@ -405,6 +408,8 @@ _PLANNER = "torchrec.distributed.planner.planners.EmbeddingShardingPlanner"
 
 _PRIVATES: List[Private] = [
     Private(_SEBC_INIT, HASHED, "embedding_types: registers the frugal state-dict hooks"),
+    Private(f"{_EVALUATOR}._get_device_bw", HASHED, "patches: FrugalPerfEvaluator prices cold rows at the host link"),
+    Private(f"{_EVALUATOR}._default_bwd_comms", HASHED, "patches: FrugalPerfEvaluator prices gradients to the owners"),
     Private(_SEC_INIT, HASHED, "embedding_types: as above (no argument in 1.6)"),
     Private(f"{_SEBC}._lookups", ASSIGNED, "embedding_types: frugal_lookups() picks the frugal lookups"),
     Private(f"{_SEC}._lookups", ASSIGNED, "embedding_types: as above"),

@@ -96,15 +96,18 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
     ) -> None:
         if lookahead is not None:  # refused here, before the model is touched
             check_int("lookahead", lookahead, 0)
-        super().__init__(model, optimizer, device, **kwargs)
+        # TorchRec's public hook for the step's forward: each batch's plans go to the frugal modules
+        # around it (around the user's own custom_model_fwd, if one is given).
+        forward = kwargs.pop("custom_model_fwd", None) or model
+        super().__init__(
+            model, optimizer, device, custom_model_fwd=lambda batch: self._planned_forward(forward, batch), **kwargs
+        )
         self._planner = BatchPlanner(planner)
         self._planning = False  # whether batches are planned: known with the frugal modules
         self._pin = torch.device(device).type == "cuda"
         # Batches handed to TorchRec whose forward has not run, oldest first: the last
         # len(self.batches) of them are TorchRec's batches, in order.
         self._handed: Deque[_ReadBatch] = deque()
-        model_forward = self._model_fwd
-        self._model_fwd = lambda batch: self._planned_forward(model_forward, batch)
         self._requested_lookahead = lookahead
         self._window: Optional[int] = None  # resolved once the frugal modules are known
         self._reader: Optional[_LookaheadReader[In]] = None

@@ -83,3 +83,13 @@ def test_the_module_runs_without_the_repository_examples(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "samples/s" in r.stdout
+
+
+def test_the_verdict_opens_the_output_and_offloading_is_priced_where_nothing_fits(capsys):
+    assert main(["--config", "criteo-tb", "--scale", "1", "--gpus", "2", "--batch-size", "1024",
+                 "--hardware", "rtx3090"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("on 2x rtx3090, criteo-tb at full size, batch 1024: ")
+    assert "fused_uvm" in first and "none fits" not in out  # the stock choice is an offloaded one
+    assert "- uvm_reads:" in out and "cache_load_factor" in out

@@ -114,6 +114,64 @@ def best_sharding(costs: Dict[str, StepCost]) -> str:
     return max(fitting, key=lambda n: costs[n].samples_per_second)
 
 
+TERM_HELP = {
+    "dense_compute": "the dense MLPs' forward and backward and their optimizer on the device",
+    "dense_allreduce": "DDP's all-reduce of the dense gradients",
+    "framework": "the training loop's own time (pipeline, input batch, KJT handling)",
+    "embedding_lookup": "pooling the step's ids from rows in device memory (or the UVM cache)",
+    "embedding_update": "the fused optimizer on the step's distinct rows in device memory",
+    "input_all_to_all": "ids and lengths sent to the ranks that hold the rows",
+    "output_all_to_all": "pooled embeddings back, and their gradients, forward and backward",
+    "table_allreduce": "data_parallel: all-reduce of whole tables",
+    "host_reads": "Frugal: distinct rows read from host memory (not in the rank's own cache)",
+    "gradient_exchange": "Frugal: gradients staged through host memory to the rows' owners",
+    "flush_inline": "Frugal: updated rows due at the next step, written to host on the training thread",
+    "engine_host": "Frugal: the training thread's own frugal host work (flat per step)",
+    "gate_stall": "Frugal: the excess of its slowest thread beside the step (planner, exchange worker, flushers)",
+    "uvm_reads": "offloading: rows read from host over the link (cache misses, or every row without a cache)",
+    "uvm_writes": "offloading: rows written back to host (evicted dirty cache lines, or every updated row)",
+    "prefetch_stall": "offloading with the prefetch pipeline: the cache fill's excess over the step",
+    "contention": "waiting for shared devices or host cores beyond the rank's own path",
+}
+
+
+def size_text(config: str, scale: Optional[float], rows: int) -> str:
+    s = DATASETS[config].default_scale if scale is None else scale
+    return "at full size" if s >= 1.0 else f"at scale {s:g} ({rows:,} rows)"
+
+
+def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCost], hw: HardwareProfile,
+            rows: int) -> str:
+    """One line: the fastest choice that fits against Frugal, and where Frugal is predicted faster."""
+    kind = frugal_kind(args.nodes)
+    where = f"{args.nodes} nodes x {args.gpus}" if args.nodes > 1 else f"{args.gpus}x"
+    head = f"on {where} {hw.name}, {args.config} {size_text(args.config, args.scale, rows)}, batch {args.batch_size}"
+    fr = costs[kind]
+    stock = {n: c for n, c in costs.items() if n not in FRUGAL_KINDS and c.fits}
+    if not stock:
+        return f"{head}: no stock choice fits; Frugal {'fits' if fr.fits else 'does not fit either'}"
+    best = max(stock, key=lambda n: stock[n].samples_per_second)
+    ratio = stock[best].samples_per_second / fr.samples_per_second
+    if not fr.fits:
+        line = f"{head}: {best} fits and Frugal does not"
+    elif ratio >= 1.0:
+        line = f"{head}: {best} fits and is predicted {ratio:.2f}x faster than Frugal"
+    else:
+        line = f"{head}: Frugal is predicted {1 / ratio:.2f}x faster than the best stock choice ({best})"
+    wins = []
+    for n in sorted({1, 2, 4, 8} | {args.gpus}):
+        if n == args.gpus:
+            c = costs
+        else:
+            c = predict_all(model, workload(args, n), _fixed_frugal(args))
+        st = [x.samples_per_second for k, x in c.items() if k not in FRUGAL_KINDS and x.fits]
+        if c[kind].fits and (not st or c[kind].samples_per_second > max(st)):
+            wins.append(str(n))
+    unit = "ranks per node" if args.nodes > 1 else "GPUs"
+    return line + ("; Frugal is predicted faster at " + ", ".join(wins) + f" {unit} (same batch per rank)"
+                   if wins else f"; Frugal is predicted faster at none of 1, 2, 4, 8 {unit} at this batch")
+
+
 def workload(args: argparse.Namespace, gpus: int) -> Workload:
     """The workload of the command line with ``gpus`` GPUs per node."""
     return dlrm_workload(args.config, gpus * args.nodes, args.batch_size, args.scale, args.model,
@@ -210,17 +268,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     where = f"{args.nodes} nodes x {args.gpus} ranks" if args.nodes > 1 else f"{args.gpus} ranks"
     head = (f"{args.config} ({len(w.tables)} tables, {rows:,} rows, dim {w.tables[0].dim}), {args.model}, "
             f"{where} x batch {args.batch_size} on {hw.name}: {hw.description}")  # fmt: skip
-    print(head + "\n\nPREDICTED by the cost model (docs/cost_model.md), not measured:\n")
+    print(verdict(model, args, costs, hw, rows))
+    print("\n" + head + "\n\nPREDICTED by the cost model (docs/cost_model.md), not measured:\n")
     print(breakdown_table(costs))
+    print("\nterms:")
+    used = [t for t in TERMS if any(c.terms[t] > 0 for c in costs.values())]
+    for t in used:
+        print(f"- {t}: {TERM_HELP[t]}")
     fr = costs[frugal_kind(args.nodes)]
     print(f"\n{frugal_kind(args.nodes)} settings: cache ratio {plan.cache_ratio:g}, lookahead L={plan.lookahead}"
           + (" (fixed)" if fixed else " (recommended: least predicted step time)")
           + f"; predicted cache hits {100 * fr.details['cache_hit_ratio']:.1f}%, "
-          f"{fr.details['host_rows_per_rank']:,.0f} host rows per rank and step, "
-          f"background flushing {1e3 * fr.background_s:.3f} ms per step")  # fmt: skip
+          f"{fr.details['host_rows_per_rank']:,.0f} host rows per rank and step; beside the step: planner thread "
+          f"{fr.details.get('planner_thread_ms', 0.0):.3f} ms, exchange worker {fr.details.get('exchange_worker_ms', 0.0):.3f} ms, "
+          f"flushers {fr.details.get('flushers_ms', 0.0):.3f} ms per step")  # fmt: skip
     if args.nodes > 1:
         print("embedding bytes between nodes per step (all ranks): " + ", ".join(
             f"{n} {c.details['embedding_bytes_between_nodes_per_step'] / 1e6:,.1f} MB" for n, c in costs.items()))  # fmt: skip
+    for n, c in costs.items():
+        if "uvm_load_factor" in c.details:
+            print(f"{n}: cache_load_factor {c.details['uvm_load_factor']:g} (recommended)")
     print(f"fastest predicted sharding that fits: {best} ({costs[best].samples_per_second:,.0f} samples/s)")
     if args.json:
         doc = {

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, ParameterConstraints, TopologyFactory, TrainerConfig
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingPlan, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -27,12 +27,20 @@ SHARDERS = ("torchrec", "frugal")
 
 
 def topology(world: int, local_world: int, device: torch.device) -> Topology:
-    """The planner's view of the ranks; on CUDA each rank gets its share of its GPU's memory."""
-    if device.type != "cuda":
-        return Topology(world_size=world, local_world_size=local_world, compute_device=device.type)
-    per_gpu = -(-local_world // torch.cuda.device_count())  # ranks sharing each GPU
-    hbm = torch.cuda.get_device_properties(device).total_memory // per_gpu
-    return Topology(world_size=world, local_world_size=local_world, compute_device="cuda", hbm_cap=hbm)
+    """The planner's view of the ranks; on CUDA each rank gets its share of its GPU's memory.
+
+    Built by ``TopologyFactory.create_topology``, as TorchRec asks (a Topology constructed directly
+    logs a warning from TorchRec 1.8); the result equals ``Topology(world_size=..., ...)``'s.
+    """
+    hbm = None
+    if device.type == "cuda":
+        per_gpu = -(-local_world // torch.cuda.device_count())  # ranks sharing each GPU
+        hbm = torch.cuda.get_device_properties(device).total_memory // per_gpu
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=world, local_world_size=local_world),
+        hardware_config=HardwareConfig(hbm_cap_bytes=hbm),
+        kernel_config=KernelConfig(compute_device=device.type),
+    )
 
 
 def cuda_backend(local_world: int, gpus: int) -> str:
@@ -112,7 +120,7 @@ def add_frugal_arguments(p: argparse.ArgumentParser) -> None:
     """The options that tune Frugal (``--sharder frugal``) beyond the cache ratio and the lookahead."""
     p.add_argument("--queue", choices=("two_level", "heap"), default="two_level", help="frugal: pending-write queue (heap: ablation)")
     p.add_argument("--flush-workers", type=int, default=None,
-                   help="frugal: background flusher threads per rank (default: 1 on CUDA, 0 on CPU)")  # fmt: skip
+                   help="frugal: background flusher threads per rank; none: 1 on CUDA, 0 on CPU")  # fmt: skip
     p.add_argument("--max-deferred-rows", type=int, default=FrugalConfig.max_deferred_rows,
                    help="frugal: rows with no read in the window that may wait before the flushers drain them")  # fmt: skip
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
@@ -199,8 +207,76 @@ def shard_plan(
             args.lookahead = planner.lookahead if planner.lookahead is not None else 0
         return sharder, plan
     sharder = stock_sharder()
-    planner = EmbeddingShardingPlanner(topology=topo, constraints=stock_constraints(tables, args.sharding))
+    planner = EmbeddingShardingPlanner(
+        topology=topo,
+        constraints=stock_constraints(tables, args.sharding),
+        storage_reservation=stock_storage_reservation(model, [sharder]),
+    )
     return sharder, planner.collective_plan(model, [sharder], pg)
+
+
+def stock_storage_reservation(model: nn.Module, sharders: Sequence[nn.Module], percentage: float = 0.15) -> Any:
+    """TorchRec's default storage reservation (``HeuristicalStorageReservation(0.15)``: 15% of device
+    memory, 6x the dense parameters' bytes, the input KJTs), given the ``dense_tensor_estimate``
+    TorchRec asks for, measured here as TorchRec measures it, so that neither of its warnings about
+    the estimate (a dry run's over-estimate; our dense parameters are materialized) applies.
+    FrugalShardingPlanner's default, torchrec_frugal.torchrec.storage, does the same; importing it
+    here would install Frugal's planner shims, which stock runs go without."""
+    import warnings
+
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.types import get_tensor_size_bytes
+
+    types = {s.module_type for s in sharders}  # type: ignore[attr-defined]
+    shardable = [m for m in model.modules() if type(m) in types]
+
+    def size(m: nn.Module) -> int:
+        return round(sum(6.0 * get_tensor_size_bytes(p) for p in m.parameters()) + sum(get_tensor_size_bytes(b) for b in m.buffers()))
+
+    dense = max(1, size(model) - sum(size(m) for m in shardable))  # TorchRec reads 0 as "none given"
+    with warnings.catch_warnings():  # its FutureWarning recommends the dense_tensor_estimate passed here
+        warnings.filterwarnings("ignore", message="HeuristicalStorageReservation is known", category=FutureWarning)
+        return HeuristicalStorageReservation(percentage, dense_tensor_estimate=dense)
+
+
+def seeded_init(bound: float, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A table's ``init_fn``: U(-bound, bound) as a function of (seed, row) only, so every sharding
+    starts from the same table. It fills a whole table (what a frugal engine over one node hands
+    it) or the local shards of a ShardedTensor, each at its offsets. A plain block of rows other
+    than the whole table (a frugal_row_wise engine's, a stock row_wise shard's) does not say where it
+    starts: such tables take :func:`reseed_tables` after sharding."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    from examples.graph.models import seeded_uniform_
+
+    def init(weights: torch.Tensor) -> torch.Tensor:
+        if not isinstance(weights, ShardedTensor):
+            return seeded_uniform_(weights, bound, seed)
+        width = int(weights.size(1))
+        for shard in weights.local_shards():
+            r0, c0 = (int(x) for x in shard.metadata.shard_offsets)
+            rows, cols = (int(x) for x in shard.metadata.shard_sizes)
+            full = seeded_uniform_(torch.empty(rows, width), bound, seed, first_row=r0)
+            with torch.no_grad():
+                shard.tensor.copy_(full[:, c0 : c0 + cols])
+        return weights
+
+    return init
+
+
+def reseed_tables(dmp: nn.Module, inits: Dict[str, Callable[[torch.Tensor], torch.Tensor]]) -> None:
+    """Give the tables of ``inits`` (by name) their ``init_fn``'s values through the state_dict
+    (collective): each rank fills its shards, and the sharded modules load them (frugal engines
+    load through their host tables and caches)."""
+    if not inits:
+        return
+    state = dmp.state_dict()
+    values = {}
+    for key, value in state.items():
+        name = key.rsplit(".", 2)[-2] if key.endswith(".weight") else None
+        if name in inits:
+            values[key] = inits[name](value)
+    dmp.load_state_dict(values, strict=False)
 
 
 def plan_shardings(plan: ShardingPlan) -> Dict[str, str]:

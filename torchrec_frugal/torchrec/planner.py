@@ -60,6 +60,7 @@ from .fused_params import frugal_fused_params, frugal_refusal, output_params, ta
 from .patches import frugal_row_bytes
 from .plan_choice import TableCandidates, choose, constrain, hardware_profile
 from .stats import FrugalCostStats
+from .storage import DenseEstimateStorageReservation
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -204,7 +205,8 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             topology=topology,
             batch_size=batch_size,
             enumerator=enumerator,
-            storage_reservation=storage_reservation,
+            # TorchRec's default reservation, with the dense estimate TorchRec asks for (no warnings)
+            storage_reservation=storage_reservation if storage_reservation is not None else DenseEstimateStorageReservation(),
             proposer=proposer,
             partitioner=partitioner,
             performance_model=performance_model,

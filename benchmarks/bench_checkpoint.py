@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.append(REPO)  # this checkout (appended: an installed torchrec_frugal wins)
 
 
 def _used_bytes() -> int:

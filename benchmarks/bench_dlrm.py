@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.demo import TrainRunError, find_train_script, run_train  # noqa: E402
 from torchrec_frugal.test_utils import git_state, machine_busy_s, median_or_nan  # noqa: E402

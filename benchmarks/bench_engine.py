@@ -57,7 +57,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.test_utils import git_state, machine_busy_s, own_cpu_s, run_ranks  # noqa: E402

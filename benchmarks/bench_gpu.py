@@ -53,7 +53,7 @@ from typing import Any, Dict, Iterable, List, Sequence
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal import shm  # noqa: E402
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.demo import TrainRunError, run_train  # noqa: E402
 from torchrec_frugal.test_utils import median_or_nan  # noqa: E402

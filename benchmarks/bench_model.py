@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the package and examples of this checkout
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.calibrate import TrainingRun, fit_training  # noqa: E402
 from torchrec_frugal.cost_model import CostModel, Plan  # noqa: E402

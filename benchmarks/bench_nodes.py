@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.demo import run_plan, run_train_nodes  # noqa: E402
 from torchrec_frugal.cost_model import CostModel  # noqa: E402

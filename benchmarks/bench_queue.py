@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.priority_queue import INF, QUEUE_KINDS, make_queue  # noqa: E402
 

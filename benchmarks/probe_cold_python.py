@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, DefaultDict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 import torch  # noqa: E402
 

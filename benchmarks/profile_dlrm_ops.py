@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, DefaultDict, List
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the examples (and the package) of the checkout this script sits in
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.demo import find_train_script, run_train  # noqa: E402
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, DefaultDict, Dict, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

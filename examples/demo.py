@@ -1,17 +1,26 @@
-"""`make demo`: the DLRM example on 2 ranks, Frugal against stock TorchRec.
+"""`make demo`: the DLRM example on 2 ranks, Frugal against stock TorchRec: speed and exactness.
 
-Runs ``examples/dlrm/train.py`` under torchrun twice on the same configuration and data (the
-default one: criteo-kaggle shape at scale 0.1, embedding dim 32, batch 1024 per rank), once with
-``--sharder frugal`` and once with ``--sharder torchrec --sharding table_wise``, about half a
-minute each on a 2-core machine, then prints samples/s, loss, AUC and gate stall side by side.
+Runs ``examples/dlrm/train.py`` under torchrun on one configuration and data (the default one:
+criteo-kaggle shape at scale 0.1, embedding dim 32, batch 1024 per rank), alternately with
+``--sharder frugal`` and ``--sharder torchrec --sharding table_wise`` (frugal, stock, frugal, stock:
+``--repeats`` of each), then prints the median samples/s of each and, beside it, how far their
+per-step losses differ. Both sharders start from the same tables (train.py draws every table from
+its seed, whatever the sharding) and see the same batches, so an exact Frugal trains the very
+model stock TorchRec trains: the losses differ only by float summation order. About 2-3 minutes
+on a 2-core machine.
 
     python examples/demo.py                 # what `make demo` does
-    python examples/demo.py --steps 60      # a quicker look
+    python examples/demo.py --steps 40      # a quicker look
+
+A CPU run shows the exactness and the plugin's overhead; it cannot show the speed-up Frugal targets,
+on consumer GPUs whose all-to-alls are bounced through host memory over PCIe, which the cost model
+predicts (docs/paper_setting.md).
 
 It lives beside the examples it runs, not in the installed package, which has no ``examples/``.
 
 ``run_train`` (run a train.py under torchrun, return its ``--summary`` JSON plus wall time and the
-machine's other load) is also what the benchmarks and the example tests run the examples with.
+machine's other load) is also what the benchmarks and the example tests run the examples with;
+``compare`` and ``loss_agreement`` are the demo's comparison.
 """
 from __future__ import annotations
 
@@ -27,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-if __package__ in (None, ""):  # launched as a script: make `torchrec_frugal` of this checkout importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # launched as a script: `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from torchrec_frugal.cost_model import Plan
 from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD
@@ -224,61 +233,171 @@ def run_plan(sharding: str, recorded: Optional[Dict[str, Any]], lookahead: int =
     return Plan.of(recorded["shardings"], recorded["cache_ratio"] or CACHE_RATIO, recorded["lookahead"])
 
 
+CPU_NOTE = (
+    "A CPU run shows exactness and the plugin's overhead; it cannot show the PCIe-bound speed-up Frugal "
+    "targets on consumer GPUs without peer-to-peer, which the cost model predicts (docs/paper_setting.md)."
+)
+SHARDERS = {
+    "frugal": ("Frugal (cache 0.05, L=10)", ["--sharder", "frugal"]),
+    "torchrec": ("TorchRec table_wise", ["--sharder", "torchrec", "--sharding", "table_wise"]),
+}
+
+
+def loss_agreement(
+    frugal: Sequence[Dict[str, Any]], stock: Sequence[Dict[str, Any]], tolerance: float = 1e-5
+) -> Dict[str, Any]:
+    """How far the per-step losses (train.py's summary ``step_losses``) of the ``frugal`` runs are
+    from those of the ``stock`` runs, over every step of every (frugal, stock) pair: ``max_abs``
+    (max |loss_frugal - loss_stock|), ``max_rel`` (the same over |loss_stock|), ``worst_step`` (the
+    index of the step of ``max_abs``), ``agree_steps`` (the steps before the first whose relative
+    difference exceeds ``tolerance`` in any pair), ``steps`` and ``pairs``. ValueError if a run has no per-step
+    losses or the runs trained different steps."""
+    if not frugal or not stock:
+        raise ValueError("loss_agreement needs at least one run of each sharder")
+    first = frugal[0]
+    for r in (*frugal, *stock):
+        if not r.get("step_losses"):
+            raise ValueError(f"a {r.get('sharder')} run's summary has no step_losses")
+        if (len(r["step_losses"]), r.get("step_losses_from", 0)) != (len(first["step_losses"]), first.get("step_losses_from", 0)):
+            raise ValueError("the runs trained different steps: their losses do not compare step by step")
+    max_abs, max_rel, worst = 0.0, 0.0, 0
+    agree = len(first["step_losses"])
+    for f in frugal:
+        for t in stock:
+            for i, (a, b) in enumerate(zip(f["step_losses"], t["step_losses"])):
+                d = abs(a - b)
+                if d > max_abs:
+                    max_abs, worst = d, i
+                rel = d / abs(b) if b else (0.0 if d == 0 else float("inf"))
+                max_rel = max(max_rel, rel)
+                if rel > tolerance:
+                    agree = min(agree, i)
+    return {"max_abs": max_abs, "max_rel": max_rel, "worst_step": worst, "agree_steps": agree,
+            "tolerance": tolerance, "steps": len(first["step_losses"]), "pairs": len(frugal) * len(stock)}  # fmt: skip
+
+
+def _median(xs: Sequence[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
+
+
+def compare(
+    train_py: Path,
+    args: Sequence[str],
+    nproc: int = 2,
+    threads: Optional[int] = None,
+    repeats: int = 2,
+    echo: Optional[Callable[[str], None]] = None,
+    say: Callable[[str], None] = lambda line: None,
+    timeout_s: float = 900.0,
+) -> Dict[str, Any]:
+    """Run train.py ``*args`` with each sharder of :data:`SHARDERS`, alternately (frugal, stock,
+    frugal, stock, ...; ``repeats`` runs of each), and return ``runs`` (sharder -> its summaries in
+    run order), ``samples_per_second`` (sharder -> the median) and ``agreement``
+    (:func:`loss_agreement` of the frugal runs against the stock ones). ``say`` gets a line as each
+    run starts and ends; ``echo`` each line of a run's stdout. TrainRunError if a run fails."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    runs: Dict[str, List[Dict[str, Any]]] = {k: [] for k in SHARDERS}
+    order = [k for _ in range(repeats) for k in SHARDERS]
+    for n, key in enumerate(order, 1):
+        label, extra = SHARDERS[key]
+        say(f"== run {n} of {len(order)}, {label}: torchrun --nproc_per_node={nproc} {TRAIN_REL} {' '.join([*extra, *args])}")
+        r = run_train(train_py, [*extra, *args], nproc=nproc, threads=threads, echo=echo, timeout_s=timeout_s)
+        say(f"   {r['samples_per_second']:,.0f} samples/s ({r['wall_s']:.0f} s wall, start-up included)")
+        runs[key].append(r)
+    return {
+        "runs": runs,
+        "samples_per_second": {k: _median([r["samples_per_second"] for r in rs]) for k, rs in runs.items()},
+        "agreement": loss_agreement(runs["frugal"], runs["torchrec"]),
+        # reruns of one sharder against each other (None with one run each)
+        "rerun_max_abs": max((loss_agreement(rs[:1], rs[1:])["max_abs"] for rs in runs.values()), default=None)
+        if repeats > 1 else None,
+    }
+
+
 def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
 
+def report(result: Dict[str, Any]) -> List[str]:
+    """The demo's closing lines: a table of the sharders (median samples/s and each run's, final loss
+    and AUC of the last run, gate stall, cache hits), then the speed ratio and the loss agreement
+    side by side, then what a CPU run can and cannot show."""
+    runs, median, agree = result["runs"], result["samples_per_second"], result["agreement"]
+    header = ["", "samples/s", "(each run)", "loss", "AUC", "gate stall", "cache hits"]
+    widths = [26, 10, 18, 7, 7, 10, 10]
+    lines = [_fmt_row(header, widths), _fmt_row(["-" * w for w in widths], widths)]
+    for key, (label, _) in SHARDERS.items():
+        last = runs[key][-1]
+        hits = f"{100 * last['frugal']['cache_hit_ratio']:.1f}%" if last.get("frugal") else "-"
+        gate = f"{100 * last['gate_stall_fraction']:.1f}%" if last.get("frugal") else "-"
+        each = " ".join(f"{r['samples_per_second']:,.0f}" for r in runs[key])
+        lines.append(_fmt_row([label, f"{median[key]:,.0f}", each, f"{last['loss']:.4f}", f"{last['auc']:.4f}", gate, hits],
+                              widths))  # fmt: skip
+    n = len(runs["frugal"])
+    lines.append("")
+    lines.append(
+        f"Frugal / TorchRec table_wise: {median['frugal'] / median['torchrec']:.2f}x samples/s (medians of {n} "
+        f"alternated run{'s' if n > 1 else ''} each);  per-step loss max |frugal - stock| {agree['max_abs']:.2g} "
+        f"(relative {agree['max_rel']:.2g}) over {agree['steps']} steps"
+        + (f" x {agree['pairs']} run pairs" if agree["pairs"] > 1 else "")
+        + f"; within {agree['tolerance']:g} (relative) for the first {agree['agree_steps']} steps."
+    )
+    rerun = result.get("rerun_max_abs")
+    lines.append(
+        "Same initial tables and batches: the losses differ by float rounding (gradients summed in another order), "
+        "which the embedding learning rate amplifies over the steps"
+        + (f"; reruns of one sharder differ by {rerun:.2g}." if rerun is not None else ".")
+    )
+    loads = [r["foreign_cpu_share"] for rs in runs.values() for r in rs if r.get("foreign_cpu_share") is not None]
+    if loads and max(loads) > 0.1:
+        lines.append(f"Other processes used up to {100 * max(loads):.0f}% of this machine's CPU during the runs: "
+                     "samples/s is only indicative (benchmarks/bench_dlrm.py repeats more).")  # fmt: skip
+    if any(r.get("device") == "cpu" for rs in runs.values() for r in rs):
+        lines.append(CPU_NOTE)
+    return lines
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=200, help="training steps per rank of each run (~25-30 s each on 2 cores)")
+    p.add_argument("--steps", type=int, default=100, help="training steps per rank of each run")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each sharder, alternated")
     p.add_argument("--nproc", type=int, default=2, help="ranks (torchrun --nproc_per_node)")
     p.add_argument("--batch-size", type=int, default=1024, help="per rank")
-    p.add_argument("--config", default="criteo-kaggle")
-    p.add_argument("--train", default=None, help="path of the DLRM example's train.py (default: examples/dlrm/train.py beside this file)")
+    p.add_argument("--config", default="criteo-kaggle", help="train.py --config")
+    p.add_argument("--scale", type=float, default=None, help="train.py --scale; none: the config's")
+    p.add_argument("--train", default=None, help="path of the DLRM example's train.py; none: examples/dlrm/train.py beside this file")
     p.add_argument("--quiet", action="store_true", help="do not echo train.py's log lines")
     args = p.parse_args(argv)
+    if args.steps < 2 or args.repeats < 1:
+        p.error("--steps must be >= 2 and --repeats >= 1")
     train_py = find_train_script(args.train)
     threads = max(1, (os.cpu_count() or 1) // args.nproc)
     common = ["--config", args.config, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
               "--log-every", str(max(1, args.steps // 4))]  # fmt: skip
-    runs = [
-        ("frugal", "Frugal (cache 0.05, L=10)", ["--sharder", "frugal"]),
-        ("torchrec", "TorchRec table_wise", ["--sharder", "torchrec", "--sharding", "table_wise"]),
-    ]
+    if args.scale is not None:
+        common += ["--scale", str(args.scale)]
     print(
         f"Frugal demo: examples/dlrm/train.py on {args.nproc} ranks (CPU/gloo unless CUDA is present), "
-        f"{args.config} at its default scale, batch {args.batch_size}/rank, {args.steps} steps per run, "
-        f"{threads} thread(s) per rank; same data and model in both runs, only --sharder differs.",
+        f"{args.config} at {'scale ' + str(args.scale) if args.scale is not None else 'its default scale'}, "
+        f"batch {args.batch_size}/rank, {args.steps} steps per run, {threads} thread(s) per rank; "
+        f"frugal and stock alternate, {args.repeats} runs each; same data, same initial tables and model, "
+        "only --sharder differs.",
         flush=True,
     )
-    results: Dict[str, Dict[str, Any]] = {}
-    for key, label, extra in runs:
-        print(f"\n== {label}: torchrun --nproc_per_node={args.nproc} {TRAIN_REL} {' '.join(extra + common)}", flush=True)
-        echo = None if args.quiet else (lambda line: print("   " + line, flush=True))
-        try:
-            results[key] = run_train(train_py, extra + common, nproc=args.nproc, threads=threads, echo=echo)
-        except TrainRunError as e:
-            raise SystemExit(f"the {label} run failed: {e}")
-        print(f"   ({results[key]['wall_s']:.0f} s wall, start-up included)", flush=True)
-
-    f, t = results["frugal"], results["torchrec"]
-    header = ["", "samples/s", "loss", "AUC", "gate stall", "cache hits", "wall s"]
-    widths = [26, 10, 7, 7, 10, 10, 7]
-    print("\n" + _fmt_row(header, widths))
-    print(_fmt_row(["-" * w for w in widths], widths))
-    for key, label, _ in runs:
-        r = results[key]
-        hits = f"{100 * r['frugal']['cache_hit_ratio']:.1f}%" if r.get("frugal") else "-"
-        gate = f"{100 * r['gate_stall_fraction']:.1f}%" if r.get("frugal") else "-"
-        print(_fmt_row([label, f"{r['samples_per_second']:,.0f}", f"{r['loss']:.4f}", f"{r['auc']:.4f}", gate, hits,
-                        f"{r['wall_s']:.0f}"], widths))  # fmt: skip
-    ratio = f["samples_per_second"] / t["samples_per_second"]
-    print(f"\nFrugal / TorchRec table_wise samples/s: {ratio:.2f}x;  AUC difference {f['auc'] - t['auc']:+.4f}, "
-          f"loss difference {f['loss'] - t['loss']:+.4f} (same data; the tables start from different random values)")
-    loads = [r["foreign_cpu_share"] for r in results.values() if r.get("foreign_cpu_share") is not None]
-    if loads:
-        print(f"Other processes used {100 * max(loads):.0f}% of this machine's CPU during the runs "
-              f"(one run each, so samples/s is only indicative; benchmarks/bench_dlrm.py alternates and repeats).")
+    t0 = time.perf_counter()
+    echo = None if args.quiet else (lambda line: print("   " + line, flush=True))
+    try:
+        result = compare(train_py, common, nproc=args.nproc, threads=threads, repeats=args.repeats, echo=echo,
+                         say=lambda line: print(line, flush=True))  # fmt: skip
+    except TrainRunError as e:
+        raise SystemExit(f"a run failed: {e}")
+    print("")
+    for line in report(result):
+        print(line)
+    print(f"({time.perf_counter() - t0:.0f} s in all)", flush=True)
 
 
 if __name__ == "__main__":

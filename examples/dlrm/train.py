@@ -43,8 +43,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-if __package__ in (None, ""):  # launched as a script: make `examples.dlrm` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __package__ in (None, ""):  # launched as a script: make `examples.dlrm` importable (appended: an installed torchrec_frugal wins)
+    sys.path.append(str(Path(__file__).resolve().parents[2]))
 
 import torch
 import torch.distributed as dist
@@ -75,6 +75,8 @@ from examples.common import (
     planned_cache_ratio,
     progress_bar,
     require_cuda_fbgemm,
+    reseed_tables,
+    seeded_init,
     shard_plan,
     train_pipeline,
     write_summary,
@@ -86,6 +88,7 @@ from examples.dlrm.data import (
     count_ids,
     criteo_npy_batches,
     criteo_tsv_batches,
+    npy_files,
     tsv_paths,
 )
 
@@ -122,11 +125,22 @@ class MLPClick(nn.Module):
         return self.over_arch(torch.cat([dense_features, embedded.flatten(1)], dim=1))
 
 
+def table_inits(cfg: RunConfig, rows: Sequence[int]) -> Dict[str, Any]:
+    """Each table's ``init_fn``: U(+-1/sqrt(rows)) (TorchRec's default range) drawn from ``cfg.seed``
+    and the table's index, the same values whatever the sharder and sharding (:func:`seeded_init`)."""
+    return {
+        t: seeded_init((1.0 / n) ** 0.5, cfg.seed * 1_009 + i + 1)
+        for i, (t, n) in enumerate(zip(cfg.dataset.table_names(), rows))
+    }
+
+
 def build_model(cfg: RunConfig, rows: Sequence[int], device: torch.device) -> DLRMTrain:
-    """DLRMTrain around TorchRec's DLRM or the authors' MLP, tables on the meta device."""
+    """DLRMTrain around TorchRec's DLRM or the authors' MLP, tables on the meta device with the
+    sharding-independent init of :func:`table_inits`."""
     m = cfg.model
+    inits = table_inits(cfg, rows)
     tables = [
-        EmbeddingBagConfig(name=t, embedding_dim=m.embedding_dim, num_embeddings=n, feature_names=[f])
+        EmbeddingBagConfig(name=t, embedding_dim=m.embedding_dim, num_embeddings=n, feature_names=[f], init_fn=inits[t])
         for t, f, n in zip(cfg.dataset.table_names(), cfg.dataset.feature_names, rows)
     ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -201,31 +215,33 @@ def data_iterator(
 # ---------------------------------------------------------------------------- training
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle")
-    p.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's, fits 24 GiB)")
+    p.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle", help="the dataset's table shapes (configs.py)")
+    p.add_argument("--scale", type=float, default=None, help="row-count scale; none: the config's, which fits 24 GiB")
     p.add_argument("--min-rows", type=int, default=1000, help="tables are not scaled below min(cardinality, this)")
     p.add_argument("--batch-size", type=int, default=1024, help=f"per rank (paper: {BATCH_SIZES})")
     p.add_argument("--cache-ratio", type=float, default=CACHE_RATIO, help=f"frugal: rows cached per rank (paper: {CACHE_RATIOS})")
     p.add_argument("--lookahead", type=int, default=LOOKAHEAD, help="frugal: lookahead window L")
     p.add_argument("--steps", type=int, default=300, help="training steps per rank (bounds the run)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: min(20, steps // 5))")
-    p.add_argument("--sharder", choices=SHARDERS, default="torchrec")
+    p.add_argument("--warmup", type=int, default=None, help="untimed first steps; none: min(20, steps // 5)")
+    p.add_argument("--sharder", choices=SHARDERS, default="torchrec",
+                   help="TorchRec's EmbeddingBagCollectionSharder, planner and TrainPipelineSparseDist, or Frugal's")
     p.add_argument("--sharding", choices=STOCK_SHARDINGS + (FRUGAL_ROW_WISE,), default="table_wise",
                    help="torchrec: sharding of every table; frugal_row_wise (implies --sharder frugal): every table "
                         "in one row block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
-    p.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm")
-    p.add_argument("--embedding-lr", type=float, default=0.05)
-    p.add_argument("--dense-lr", type=float, default=0.005)
-    p.add_argument("--dense-optimizer", choices=("adagrad", "sgd"), default="adagrad")
-    p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy"), default="synthetic")
+    p.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm", help="TorchRec's DLRM, or the authors' MLP (512-256-1)")
+    p.add_argument("--embedding-lr", type=float, default=0.05, help="tables (fused exact row-wise Adagrad)")
+    p.add_argument("--dense-lr", type=float, default=0.005, help="dense parameters")
+    p.add_argument("--dense-optimizer", choices=("adagrad", "sgd"), default="adagrad", help="dense parameters")
+    p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy"), default="synthetic",
+                   help="synthetic: skewed clicks with planted labels, no files; criteo-*: Criteo files at --data-path")
     p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of *_{dense,sparse,labels}.npy")
     add_frugal_arguments(p)
     p.add_argument("--loader-workers", type=int, default=1,
                    help="synthetic data: worker processes that make batches ahead, off the training thread")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="tables, dense layers and synthetic data")
     p.add_argument("--auc-window", type=int, default=100, help="steps whose predictions the final loss and AUC cover")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores / local ranks)")
+    p.add_argument("--log-every", type=int, default=50, help="rank 0 logs samples/s, loss and AUC every N steps (0: never)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank; none: cores / local ranks")
     p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--count-comm", action="store_true",
@@ -234,12 +250,45 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.sharding == FRUGAL_ROW_WISE:
         args.sharder = "frugal"
-    if args.data != "synthetic" and not args.data_path:
-        p.error(f"--data {args.data} needs --data-path")
+    check_data_path(p, args)
     check_hardware(p, args)
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
     return args
+
+
+NPY_PREP = "python -m torchrec.datasets.scripts.npy_preproc_criteo --input_dir DIR_OF_TSVS --output_dir {out} --dataset_name {name}"
+DATA_HELP = (
+    "; or leave out --data to train on synthetic clicks, which need no files. "
+    "Criteo's click logs (Kaggle train.txt, 1TB day_0 .. day_23) come from Criteo's site, see examples/dlrm/README.md"
+)
+
+
+def check_data_path(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--data-path`` against ``--data``, before any rank starts: a missing or empty path stops
+    here, saying what was expected and how to make it."""
+    if args.data == "synthetic":
+        if args.data_path:
+            p.error(f"--data-path {args.data_path} is read only with --data criteo-tsv or criteo-npy (--data is synthetic)")
+        return
+    if not args.data_path:
+        what = "a Criteo TSV file (e.g. train.txt) or a directory of them" if args.data == "criteo-tsv" else (
+            "a directory of <prefix>_{dense,sparse,labels}.npy files")
+        p.error(f"--data {args.data} needs --data-path: {what}" + DATA_HELP)
+    try:
+        if args.data == "criteo-tsv":
+            tsv_paths(args.data_path)
+        else:
+            npy_files(args.data_path)
+    except FileNotFoundError as e:
+        missing = e if os.path.exists(args.data_path) else "no such file or directory"
+        if args.data == "criteo-tsv":
+            p.error(f"--data criteo-tsv --data-path {args.data_path}: {missing}; expected a Criteo TSV file "
+                    "(Kaggle train.txt) or a directory of *.tsv, *.txt or day_* files" + DATA_HELP)
+        prep = NPY_PREP.format(out=args.data_path, name="criteo_kaggle")
+        p.error(f"--data criteo-npy --data-path {args.data_path}: {missing}; expected a directory of "
+                f"<prefix>_dense.npy, <prefix>_sparse.npy and <prefix>_labels.npy (or one <prefix>). Make them from "
+                f"Criteo's TSVs with TorchRec's script: {prep} (criteo_1tb for day_* files)" + DATA_HELP)
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
@@ -307,6 +356,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg),  # type: ignore[list-item]
         data_parallel_wrapper=ckpt.data_parallel_wrapper(),
     )
+    # A frugal engine over one node initializes its whole tables with init_fn; every other sharding
+    # hands init_fn a block of rows that need not say where it starts (a frugal_row_wise engine's,
+    # a stock row_wise shard's): those tables take the seeded values through the state_dict.
+    inits = table_inits(cfg, rows)
+    reseed_tables(dmp, {t: inits[t] for t, kind in plan_shardings(plan).items() if kind != "frugal"})
     dense_cls = torch.optim.Adagrad if cfg.dense_optimizer == "adagrad" else torch.optim.SGD
     opt = combined_optimizer(dmp, lambda ps: dense_cls(ps, lr=cfg.dense_lr))
     window = max(1, min(args.auc_window, args.steps))
@@ -318,6 +372,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         if rank == 0:
             print(f"[checkpoint] resumed from {resume[1]} (step {start} of {args.steps})", flush=True)
     losses, logit_buf, label_buf, first_logits, first_labels = (metric_bufs[k] for k in METRIC_BUFFERS)  # updated in place
+    step_losses: List[torch.Tensor] = []  # every step this run trains, for the summary's "step_losses"
     pipeline = train_pipeline(args, dmp, opt, device)
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
@@ -361,6 +416,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         stats.record()
         # kept on the device: no per-step host sync on CUDA
         losses.append(loss.detach().float())
+        step_losses.append(losses[-1])
         logit_buf.append(logits.detach().float())
         label_buf.append(labels.detach().float())
         if len(logit_buf) > window:
@@ -483,6 +539,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             **plan_info,
         }
     summary["intervals"] = intervals
+    # each step's loss, the mean over ranks, from the first step this run trained ("step_losses_from")
+    per_rank = gather_cat(torch.stack(step_losses).double(), device).reshape(world, -1) if step_losses else None
+    summary["step_losses"] = [float(x) for x in per_rank.mean(0)] if per_rank is not None else []
+    summary["step_losses_from"] = start
     summary["run_config"] = {k: v for k, v in asdict(cfg).items() if k != "dataset"}
     if rank == 0:
         print("[dlrm] " + json.dumps({k: summary[k] for k in ("sharder", "steps", "samples_per_second", "loss", "auc", "gate_stall_fraction")}), flush=True)

@@ -10,7 +10,7 @@ from typing import Dict
 
 import pytest
 
-from torchrec_frugal.cost_model import LOOKAHEAD_CHOICES, TERMS, CostModel, Plan
+from torchrec_frugal.cost_model import LOOKAHEAD_CHOICES, TERMS, CostModel, Plan, predict_all
 from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload
 from torchrec_frugal.profiles import load_profile
@@ -44,11 +44,12 @@ def test_the_table_has_one_row_per_config_gpus_batch_and_cache_ratio(rows):
     configs = ("avazu", "criteo-kaggle", "criteo-tb")
     assert keys == list(itertools.product(configs, (2, 4, 8), BATCH_SIZES, CACHE_RATIOS))
     assert len(rows) == 54 and all(r["frugal_fits"] for r in rows)
-    # Full criteo-tb (882.8M rows x (32 + 1) floats) fits no stock sharding on 2 or 4 GPUs of 24 GiB
-    no_stock = {(r["config"], r["gpus"]) for r in rows if r["stock"] is None}
-    assert no_stock == {("criteo-tb", 2), ("criteo-tb", 4)}
-    assert all(r["ratio"] is None and r["gaps_ms"] == [] for r in rows if r["stock"] is None)
-    assert {r["stock"] for r in rows if r["config"] == "criteo-tb" and r["gpus"] == 8} == {"row_wise"}
+    # Full criteo-tb (882.8M rows x (32 + 1) floats) fits no FUSED sharding on 2 or 4 GPUs of 24 GiB:
+    # there the best stock choice is TorchRec's offloading
+    assert all(r["stock"] is not None for r in rows)
+    for r in rows:
+        if r["config"] == "criteo-tb" and r["gpus"] in (2, 4):
+            assert ":fused_uvm" in r["stock"] and not r["stock_all"]["table_wise"]["fits"]
 
 
 def test_ratio_stock_and_lookahead_recomputed_with_the_cost_model(rows):
@@ -60,12 +61,9 @@ def test_ratio_stock_and_lookahead_recomputed_with_the_cost_model(rows):
         # the reported L is the best of the model's choices (ties within 0.1% keep the earlier one)
         others = [cm.predict(w, Plan("frugal", r["cache_ratio"], L)).step_s for L in LOOKAHEAD_CHOICES]
         assert frugal.step_s <= min(others) * (1 + 1e-3)
-        stock = {s: cm.predict(w, Plan(s)) for s in ("table_wise", "row_wise", "table_row_wise")}
+        stock = predict_all(cm, w, shardings=ps.STOCK)
         fitting = {s: c.samples_per_second for s, c in stock.items() if c.fits}
-        if r["stock"] is None:
-            assert not fitting
-            continue
-        assert r["stock"] in fitting and fitting[r["stock"]] == max(fitting.values())
+        assert r["stock"] in fitting and fitting[r["stock"]] >= max(fitting.values()) * (1 - 1e-3)
         assert r["ratio"] == pytest.approx(frugal.samples_per_second / stock[r["stock"]].samples_per_second, rel=1e-12)
         assert r["ratio"] == pytest.approx(r["frugal_samples_per_second"] / r["stock_samples_per_second"], rel=1e-12)
 

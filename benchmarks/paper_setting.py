@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the package of this checkout
+sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.cost_model import (  # noqa: E402
     FRUGAL,

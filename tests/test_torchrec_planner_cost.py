@@ -183,7 +183,7 @@ def test_a_table_too_large_for_the_gpus_is_planned_on_uvm_caching() -> None:
     assert chosen.fits
     big = plan.plan[EBC_PATH]["t2"]  # 200,000 rows x 16: 12.8 MB
     assert big.compute_kernel == "fused_uvm_caching" and big.sharding_type in ("table_wise", "row_wise")
-    assert big.cache_params is not None and big.cache_params.load_factor == planner._choice[1].plan.uvm_load_factor
+    assert big.cache_params is not None and big.cache_params.load_factor == planner.chosen.uvm_load_factor  # type: ignore[union-attr]
 
 
 def test_on_a_cpu_topology_only_the_kernels_the_cpu_sharder_offers_are_candidates() -> None:

@@ -50,7 +50,7 @@ from torchrec.distributed.types import (
 )
 
 from ..config import FrugalConfig, check_real
-from ..cost_model import CACHE_RATIO_CHOICES, CostModel, PlanChoice, StepCost, Workload
+from ..cost_model import CACHE_RATIO_CHOICES, CostModel, Plan, PlanChoice, StepCost, Workload
 from ..profiles import HardwareProfile
 from .checkpoint import row_layout
 from .embedding import FrugalEmbeddingCollectionSharder
@@ -164,7 +164,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
     ``plan(module, sharders)`` and ``collective_plan(module, sharders, pg)`` work as there; without
     sharders they use the frugal sharders (with ``config``). After planning, ``cache_ratio`` holds
     the ratio given to frugal tables (None if the plan has none). With ``hardware`` also:
-    ``lookahead`` (the chosen L) and ``predicted`` (the predicted step, as ``StepCost``, of the
+    ``lookahead`` (the chosen L), ``chosen`` (the cost model's ``Plan``) and ``predicted`` (the predicted step, as ``StepCost``, of the
     plan under "plan" and of every uniform alternative under its sharding's name); the plan report
     logs them (:class:`.stats.FrugalCostStats`). The lookahead reaches the engines through the
     sharders' ``FrugalConfig``: the planner sets it there, on every rank for ``collective_plan``,
@@ -227,6 +227,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         self.cache_ratio: Optional[float] = None
         self.lookahead: Optional[int] = None
         self.predicted: Dict[str, StepCost] = {}
+        self.chosen: Optional[Plan] = None  # with a profile: the cost model's plan, as predicted["plan"] prices it
 
     def collective_plan(
         self,
@@ -241,9 +242,9 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         plan = invoke_on_rank_and_broadcast_result(group, 0, self._plan, module, sharders)
         self._sharders = sharders
         if self._hardware is not None:  # rank 0 planned: every rank takes its choice
-            chosen = [(self.cache_ratio, self.lookahead, self.predicted)]
+            chosen = [(self.cache_ratio, self.lookahead, self.predicted, self.chosen)]
             dist.broadcast_object_list(chosen, src=dist.get_global_rank(group, 0), group=group)
-            self.cache_ratio, self.lookahead, self.predicted = chosen[0]
+            self.cache_ratio, self.lookahead, self.predicted, self.chosen = chosen[0]
             self._set_lookahead()
         check_fused_params(module, sharders, plan)
         return plan
@@ -261,6 +262,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         """TorchRec's plan under the frugal constraints, then the lookahead chosen (unchecked)."""
         self._sharders = sharders
         self.cache_ratio, self.lookahead, self.predicted, self._choice = None, None, {}, None
+        self.chosen = None
         self._cost_stats.prediction = None
         self._constraints = self._frugal_constraints(module, sharders)
         if self._own_enumerator:
@@ -319,7 +321,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
                 else:  # what the frugal sharder would refuse goes to TorchRec's best stock type
                     device = self._topology.compute_device
                     kinds = [t for t in sharder.sharding_types(device) if t not in FRUGAL_TYPES]
-                    logger.warning("FrugalShardingPlanner: table %r planned among %s, not frugal: %s", name, kinds, refused)
+                    logger.warning("table %r is planned among %s, not frugal: %s", name, kinds, refused)
                 out[name] = ParameterConstraints(sharding_types=kinds) if c is None else replace(c, sharding_types=kinds)
                 out[name] = constrain(out[name], self._choice[1].plan if self._choice is not None else None)
         return out
@@ -437,6 +439,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         assert self._hardware is not None
         self.predicted = {**choice.predicted(), "plan": CostModel(self._hardware).predict(w, plan)}
         self._cost_stats.prediction, self._cost_stats.plan = self.predicted, plan
+        self.chosen = plan
         self._cost_stats.profile = self._hardware.name
         return best_plan
 

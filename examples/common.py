@@ -239,24 +239,33 @@ def stock_storage_reservation(model: nn.Module, sharders: Sequence[nn.Module], p
         return HeuristicalStorageReservation(percentage, dense_tensor_estimate=dense)
 
 
-def seeded_init(bound: float, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def seeded_init(bound: float, seed: int, perturbation: float = 0.0) -> Callable[[torch.Tensor], torch.Tensor]:
     """A table's ``init_fn``: U(-bound, bound) as a function of (seed, row) only, so every sharding
     starts from the same table. It fills a whole table (what a frugal engine over one node hands
     it) or the local shards of a ShardedTensor, each at its offsets. A plain block of rows other
     than the whole table (a frugal_row_wise engine's, a stock row_wise shard's) does not say where it
-    starts: such tables take :func:`reseed_tables` after sharding."""
+    starts: such tables take :func:`reseed_tables` after sharding. ``perturbation``: each value times
+    1 +- it, the sign drawn as the values are (a function of seed and row)."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     from examples.graph.models import seeded_uniform_
 
+    def values(out: torch.Tensor, first_row: int = 0) -> torch.Tensor:
+        seeded_uniform_(out, bound, seed, first_row=first_row)
+        if perturbation:
+            signs = torch.sign(seeded_uniform_(torch.empty(out.shape), 1.0, seed + 7_919, first_row=first_row))
+            with torch.no_grad():
+                out.mul_(1.0 + perturbation * signs.to(out.device))
+        return out
+
     def init(weights: torch.Tensor) -> torch.Tensor:
         if not isinstance(weights, ShardedTensor):
-            return seeded_uniform_(weights, bound, seed)
+            return values(weights)
         width = int(weights.size(1))
         for shard in weights.local_shards():
             r0, c0 = (int(x) for x in shard.metadata.shard_offsets)
             rows, cols = (int(x) for x in shard.metadata.shard_sizes)
-            full = seeded_uniform_(torch.empty(rows, width), bound, seed, first_row=r0)
+            full = values(torch.empty(rows, width), r0)
             with torch.no_grad():
                 shard.tensor.copy_(full[:, c0 : c0 + cols])
         return weights

@@ -347,8 +347,9 @@ def report(result: Dict[str, Any]) -> List[str]:
     )
     rerun = result.get("rerun_max_abs")
     lines.append(
-        "Same initial tables and batches: the losses differ by float rounding (gradients summed in another order), "
-        "which the embedding learning rate amplifies over the steps"
+        "Same initial tables and batches: the losses differ by float rounding (the same gradients summed in another "
+        "order), which this model carries far: stock from tables 1e-7 apart parts as much (docs/performance.md, "
+        "Loss agreement)"
         + (f"; reruns of one sharder differ by {rerun:.2g}." if rerun is not None else ".")
     )
     loads = [r["foreign_cpu_share"] for rs in runs.values() for r in rs if r.get("foreign_cpu_share") is not None]

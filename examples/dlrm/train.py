@@ -125,20 +125,21 @@ class MLPClick(nn.Module):
         return self.over_arch(torch.cat([dense_features, embedded.flatten(1)], dim=1))
 
 
-def table_inits(cfg: RunConfig, rows: Sequence[int]) -> Dict[str, Any]:
+def table_inits(cfg: RunConfig, rows: Sequence[int], perturbation: float = 0.0) -> Dict[str, Any]:
     """Each table's ``init_fn``: U(+-1/sqrt(rows)) (TorchRec's default range) drawn from ``cfg.seed``
-    and the table's index, the same values whatever the sharder and sharding (:func:`seeded_init`)."""
+    and the table's index, the same values whatever the sharder and sharding (:func:`seeded_init`),
+    each value times 1 +- ``perturbation`` if given."""
     return {
-        t: seeded_init((1.0 / n) ** 0.5, cfg.seed * 1_009 + i + 1)
+        t: seeded_init((1.0 / n) ** 0.5, cfg.seed * 1_009 + i + 1, perturbation)
         for i, (t, n) in enumerate(zip(cfg.dataset.table_names(), rows))
     }
 
 
-def build_model(cfg: RunConfig, rows: Sequence[int], device: torch.device) -> DLRMTrain:
+def build_model(cfg: RunConfig, rows: Sequence[int], device: torch.device, perturbation: float = 0.0) -> DLRMTrain:
     """DLRMTrain around TorchRec's DLRM or the authors' MLP, tables on the meta device with the
     sharding-independent init of :func:`table_inits`."""
     m = cfg.model
-    inits = table_inits(cfg, rows)
+    inits = table_inits(cfg, rows, perturbation)
     tables = [
         EmbeddingBagConfig(name=t, embedding_dim=m.embedding_dim, num_embeddings=n, feature_names=[f], init_fn=inits[t])
         for t, f, n in zip(cfg.dataset.table_names(), cfg.dataset.feature_names, rows)
@@ -239,6 +240,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--loader-workers", type=int, default=1,
                    help="synthetic data: worker processes that make batches ahead, off the training thread")
     p.add_argument("--seed", type=int, default=0, help="tables, dense layers and synthetic data")
+    p.add_argument(
+        "--init-perturbation", type=float, default=0.0,
+        help="multiply each initial table value by 1 +- this (a seeded sign): how far the model carries a rounding-sized difference",
+    )  # fmt: skip
     p.add_argument("--auc-window", type=int, default=100, help="steps whose predictions the final loss and AUC cover")
     p.add_argument("--log-every", type=int, default=50, help="rank 0 logs samples/s, loss and AUC every N steps (0: never)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank; none: cores / local ranks")
@@ -340,7 +345,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     resume = ckpt.resume_point(args.steps)
     start = resume[0] if resume else 0
     batches, presample = data_iterator(args, cfg, rows, rank, world, start)
-    model = build_model(cfg, rows, device)
+    model = build_model(cfg, rows, device, args.init_perturbation)
     t_setup = time.perf_counter()
     sharder, plan = shard_plan(
         args,
@@ -359,7 +364,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     # A frugal engine over one node initializes its whole tables with init_fn; every other sharding
     # hands init_fn a block of rows that need not say where it starts (a frugal_row_wise engine's,
     # a stock row_wise shard's): those tables take the seeded values through the state_dict.
-    inits = table_inits(cfg, rows)
+    inits = table_inits(cfg, rows, args.init_perturbation)
     reseed_tables(dmp, {t: inits[t] for t, kind in plan_shardings(plan).items() if kind != "frugal"})
     dense_cls = torch.optim.Adagrad if cfg.dense_optimizer == "adagrad" else torch.optim.SGD
     opt = combined_optimizer(dmp, lambda ps: dense_cls(ps, lr=cfg.dense_lr))

@@ -270,8 +270,8 @@ def test_the_planner_prices_the_nodes_with_a_hardware_profile(nodes: List[Dict[s
 
     first = nodes[0]["hardware_plan"]
     assert set(first["types"]) == {f"t{t}" for t in range(len(TABLE_ROWS))}
-    assert set(first["types"].values()) <= set(planner_shardings(2)) and "frugal" not in first["types"].values()
-    assert set(first["predicted"]) == {"plan", *planner_shardings(2)}
+    assert set(first["types"].values()) <= set(planner_shardings(2, "cpu")) and "frugal" not in first["types"].values()
+    assert set(first["predicted"]) == {"plan", *planner_shardings(2, "cpu")}
     assert first["predicted"]["plan"] >= max(v for k, v in first["predicted"].items() if k != "plan") * 0.999
     assert first["bytes_between"] > 0
     if "frugal_row_wise" in first["types"].values():

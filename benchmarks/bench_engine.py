@@ -60,7 +60,8 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.metrics import PHASES  # noqa: E402
-from torchrec_frugal.test_utils import git_state, machine_busy_s, own_cpu_s, run_ranks  # noqa: E402
+from torchrec_frugal.launch import run_ranks  # noqa: E402
+from torchrec_frugal.measure import git_state, machine_busy_s, own_cpu_s  # noqa: E402
 
 MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
 

@@ -60,7 +60,8 @@ from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noq
 from torchrec_frugal.device import HostTables, Streams, plan_lookup  # noqa: E402
 from torchrec_frugal.engine import FrugalEngine  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
-from torchrec_frugal.test_utils import median_s, run_ranks  # noqa: E402
+from torchrec_frugal.launch import run_ranks  # noqa: E402
+from torchrec_frugal.measure import median_s  # noqa: E402
 from torchrec_frugal.workload import ZipfWorkload  # noqa: E402
 
 

@@ -42,7 +42,7 @@ from examples.demo import run_plan, run_train_nodes  # noqa: E402
 from torchrec_frugal.cost_model import CostModel  # noqa: E402
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
 from torchrec_frugal.profiles import HardwareProfile, load_profile  # noqa: E402
-from torchrec_frugal.test_utils import git_state, median_or_nan  # noqa: E402
+from torchrec_frugal.measure import git_state, median_or_nan  # noqa: E402
 
 
 SHARDINGS = {

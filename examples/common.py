@@ -21,7 +21,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from torchrec_frugal import FrugalConfig
-from torchrec_frugal.test_utils import free_port
+from torchrec_frugal.launch import free_port
 
 SHARDERS = ("torchrec", "frugal")
 

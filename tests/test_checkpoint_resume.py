@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from examples import checkpointing  # noqa: E402
 from torchrec_frugal.shm import list_segments  # noqa: E402
-from torchrec_frugal.test_utils import leaked_segments  # noqa: E402
+from torchrec_frugal.launch import leaked_segments  # noqa: E402
 
 DLRM = [
     "--sharder", "frugal", "--scale", "0.001", "--batch-size", "64", "--steps", "50", "--warmup", "5",

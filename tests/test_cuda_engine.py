@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import test_engine_exactness as exact
-from torchrec_frugal.test_utils import leaked_segments, run_ranks
+from torchrec_frugal.launch import leaked_segments, run_ranks
 from engine_reference import Scenario, run_scenarios
 from torchrec_frugal import shm
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.launch import run_ranks
 from engine_reference import Scenario, run_scenario, run_scenarios
 from torchrec_frugal import device as device_mod
 from torchrec_frugal import shm

@@ -17,7 +17,7 @@ from typing import Optional
 import pytest
 import torch
 
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.launch import run_ranks
 from torchrec_frugal import FrugalConfig, FrugalEngine, OptimizerSpec, TableSpec, shm
 from torchrec_frugal.device import memlock_hint
 from torchrec_frugal.errors import FrugalError
@@ -33,7 +33,7 @@ _SMALL_MOUNT = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist, multiprocessing as mp
     sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
-    from torchrec_frugal.test_utils import run_ranks
+    from torchrec_frugal.launch import run_ranks
 
     def rank_fn(rank, world, shm_dir, rows):
         from torchrec_frugal import FrugalConfig, FrugalEngine, OptimizerSpec, TableSpec

@@ -179,7 +179,7 @@ def test_sweep_removes_segment_of_dead_creator_and_keeps_live_ones():
 def test_the_leak_check_leaves_other_jobs_live_segments_alone():
     """The tests' leak check answers for segments of this test run (stale ones, or held by this
     process's descendants), not for those another job on the machine holds live meanwhile."""
-    from torchrec_frugal.test_utils import of_this_run
+    from torchrec_frugal.launch import of_this_run
 
     mine = _child("sleep")
     other = _child("other_job")

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.launch import run_ranks
 
 TABLE_ROWS = [1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000]
 FEATURES = [f"f{i}" for i in range(len(TABLE_ROWS))]

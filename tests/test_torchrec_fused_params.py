@@ -44,7 +44,7 @@ from test_torchrec_distributed import (
     release,
     table_shapes,
 )
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.launch import run_ranks
 
 STEPS = 12
 LR = 0.05

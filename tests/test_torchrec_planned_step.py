@@ -35,7 +35,7 @@ from test_torchrec_distributed import (
     release,
     table_shapes,
 )
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.launch import run_ranks
 
 STEPS = 40
 PLANNERS = ("thread", "inline", "none")

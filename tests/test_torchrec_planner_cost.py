@@ -23,7 +23,7 @@ from test_torchrec_planner import ADAGRAD, EBC_PATH, ROWS, dlrm, types
 from torchrec_frugal.config import FrugalConfig
 from torchrec_frugal.cost_model import PLANNER_SHARDINGS
 from torchrec_frugal.profiles import HardwareProfile, load_profile
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.launch import run_ranks
 from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
 from torchrec_frugal.torchrec.plan_choice import TableCandidates
 from torchrec_frugal.torchrec.planner import FrugalShardingPlanner

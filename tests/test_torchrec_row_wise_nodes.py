@@ -36,7 +36,7 @@ from test_torchrec_distributed import (
     table_shapes,
     train,
 )
-from torchrec_frugal.test_utils import run_ranks
+from torchrec_frugal.launch import run_ranks
 
 STEPS = 60
 # (optimizer, pipeline, model): DLRM's EmbeddingBagCollection, or an EmbeddingCollection ("ec")

@@ -1,24 +1,18 @@
-"""Utilities shared by the tests, the benchmarks and the examples (as ``torchrec.test_utils`` is TorchRec's).
-
-One copy of each: a free local port, a few spawned ranks with one gloo process group, the
-shared-memory segments a run left behind, the state of the checkout a figure was measured on, CPU
-clocks of the machine and of this process, and the median time of a callable.
+"""Ranks on this machine: a few spawned processes with one gloo process group, as torchrun would
+start them, for the calibration, the benchmarks and the tests; a free local port; the
+shared-memory segments a run left behind.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import socket
-import statistics
-import subprocess
 import tempfile
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Sequence
+from typing import Any, Callable, Dict, Iterable, List
 
 import torch
 import torch.distributed as dist
@@ -156,59 +150,3 @@ def run_ranks(
     if left:
         raise RuntimeError(f"run_ranks: the simulated nodes left shared-memory files behind: {left}")
     return [results[r] for r in range(world)]
-
-
-def git_state(root: Path, paths: Sequence[str] = ("torchrec_frugal",)) -> str:
-    """HEAD of the checkout at ``root``, with '+dirty' if ``paths`` have local edits ('unknown' outside git)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
-            cwd=root, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat (0 where there is none)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's reaped children."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def own_cpu_s() -> float:
-    """CPU seconds of this process and its reaped children."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime + children_cpu_s()
-
-
-def median_s(fn: Callable[[], object], reps: int, warmup: int = 3, sync: Callable[[], None] = lambda: None) -> float:
-    """Median seconds of ``fn()`` over ``reps`` calls after ``warmup``; ``sync`` waits for queued device work."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def median_or_nan(xs: Sequence[float | None]) -> float:
-    """Median of the figures of ``xs`` with None and NaN (a failed run, an undefined figure) left out; NaN if none is left."""
-    vals = [x for x in xs if x is not None and x == x]
-    return statistics.median(vals) if vals else float("nan")

@@ -85,8 +85,7 @@ def predictions(args: argparse.Namespace, profile: HardwareProfile, runs: Dict[s
     """The cost model's samples/s and bytes per step (all ranks) for each sharding of the runs."""
     w = dlrm_workload(args.config, args.nodes * args.nproc, args.batch_size, args.scale,
                       presample_steps=PRESAMPLE_STEPS, threads_per_rank=1, nodes=args.nodes)  # fmt: skip
-    # runs recorded before a step reused its announced ids sent them twice (their args say so)
-    model = CostModel(simulated(profile, args.nodes), announced_ids_resent=getattr(args, "announced_ids_resent", False))
+    model = CostModel(simulated(profile, args.nodes))
     out: Dict[str, Dict[str, Any]] = {}
     for name, rs in runs.items():
         c = model.predict(w, run_plan(name, rs[0].get("plan") if rs else None, args.lookahead))

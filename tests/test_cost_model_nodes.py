@@ -75,14 +75,11 @@ def test_bytes_between_and_within_nodes_follow_the_dists(lookahead):
     share = (W - R) / (W - 1)
     assert costs["row_wise"].details[BYTES[0]] == pytest.approx(W * share * (rw_in + rw_out))
     assert costs["row_wise"].details[BYTES[1]] == pytest.approx(W * (1 - share) * (rw_in + rw_out))
-    # frugal_row_wise: only the N-rank cross-node group; a batch's ids cross once, with or without
-    # a lookahead (twice with one, priced as recorded runs of the code before the reuse ran)
+    # frugal_row_wise: only the N-rank cross-node group; a batch's ids cross once, with or without a lookahead
     frw_in = ids * (N - 1) / N + (N - 1) * B * T * 4
     frw = frw_in + 2 * (N - 1) * B * D * F32
     assert costs[FRUGAL_ROW_WISE].details[BYTES[0]] == pytest.approx(W * frw)
     assert costs[FRUGAL_ROW_WISE].details[BYTES[1]] == 0.0
-    resent = CostModel(load_profile("cpu"), announced_ids_resent=True).predict(w, Plan(FRUGAL_ROW_WISE, lookahead=lookahead))
-    assert resent.details[BYTES[0]] == pytest.approx(W * (frw + (frw_in if lookahead else 0)))
     # the acceptance of the nodes issue: no more bytes between nodes than row_wise
     assert costs[FRUGAL_ROW_WISE].details[BYTES[0]] < costs["row_wise"].details[BYTES[0]]
     # table_row_wise: whole tables per node; pooled sums reduce-scattered inside, then N B samples across
@@ -96,17 +93,24 @@ def test_bytes_between_and_within_nodes_follow_the_dists(lookahead):
     assert costs["data_parallel"].details[BYTES[0]] == 0.0  # only all-reduces, not counted as embedding dists
 
 
-RECORDED = ["nodes.json", "nodes_l0.json", "nodes_run1.json", "nodes_l0_run1.json", "nodes_avazu.json", "nodes_b128.json"]
+RECORDED = ["nodes_l0.json", "nodes_l0_run1.json"]
+"""Runs of the code as it is (no lookahead, so no announced ids to reuse), their bytes and samples/s
+re-predicted. The L = 10 runs recorded before a step reused its announced ids sent them twice and
+are no longer priced; the runs since are pairs (RECORDED_PAIRS)."""
+RECORDED_PAIRS = ["nodes_b128_l0_pair.json", "nodes_b1024_pair_reuse.json", "nodes_b128_pair_reuse.json",
+                  "nodes_b128_pair_reuse2.json"]  # fmt: skip
+"""Alternated pairs (frugal_row_wise against row_wise), the lookahead's reuse included: their bytes
+are re-predicted; their samples/s are not (docs/cost_model.md, "Several nodes", says how far off)."""
 
 
-@pytest.mark.parametrize("result", RECORDED)
+@pytest.mark.parametrize("result", RECORDED + RECORDED_PAIRS)
 def test_predicted_bytes_match_the_counted_ones(result):
     """What bench_nodes counted on 2 simulated nodes x 2 ranks (criteo-kaggle, batch 1024): the
     model's bytes per step within 5% for every sharding."""
     doc = json.loads((RESULTS / result).read_text())
     a = doc["args"]
     w = dlrm_workload(a["config"], a["nodes"] * a["nproc"], a["batch_size"], a["scale"], nodes=a["nodes"])
-    model = CostModel(load_profile("cpu"), announced_ids_resent=a.get("announced_ids_resent", False))
+    model = CostModel(load_profile("cpu"))
     for name, row in doc["table"].items():
         if name == "planned":  # priced as the plan it recorded: test_bench_nodes_predicts_its_recorded_runs
             continue

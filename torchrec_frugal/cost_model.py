@@ -531,12 +531,8 @@ HOST_TERMS = ("framework", "engine_host", "gradient_exchange", "flush_inline", "
 class CostModel:
     """Predicted step time of a plan on a hardware profile, term by term."""
 
-    def __init__(self, hw: HardwareProfile, announced_ids_resent: bool = False) -> None:
-        """``announced_ids_resent``: price frugal_row_wise as it ran before a step's input dist
-        reused the ids its announcement sent (a batch's ids crossed twice with a lookahead), for
-        runs recorded then."""
+    def __init__(self, hw: HardwareProfile) -> None:
         self.hw = hw
-        self.announced_ids_resent = announced_ids_resent
 
     def threads(self, w: Workload) -> int:
         if not self.hw.device_is_host:
@@ -883,8 +879,7 @@ class CostModel:
         # With L >= 1 a batch's ids cross L steps early, to feed the owning nodes' windows, and its
         # step reuses what they delivered: once either way.
         sent = ids * INDEX_BYTES * (N - 1) / N + (N - 1) * B * T * LENGTH_BYTES
-        resent = self.announced_ids_resent and plan.lookahead > 0
-        terms["input_all_to_all"] = p.exchange(0.0, sent, 0, N - 1, calls=2 if resent else 1)
+        terms["input_all_to_all"] = p.exchange(0.0, sent, 0, N - 1)
         terms["output_all_to_all"] = p.exchange(0.0, (N - 1) * B * dim_sum * F32, 0, N - 1, calls=2)
         terms["embedding_lookup"] += p.device_stream(N * B * dim_sum * F32)  # pooled partial sums of N B samples
         return terms, mem, threads, details, traffic

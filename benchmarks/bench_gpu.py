@@ -57,7 +57,9 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appe
 
 from torchrec_frugal import shm  # noqa: E402
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
-from torchrec_frugal.device import HostTables, Streams, plan_lookup  # noqa: E402
+from torchrec_frugal.host_tables import HostTables  # noqa: E402
+from torchrec_frugal.lookup_plan import plan_lookup  # noqa: E402
+from torchrec_frugal.streams import Streams  # noqa: E402
 from torchrec_frugal.engine import FrugalEngine  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.launch import run_ranks  # noqa: E402

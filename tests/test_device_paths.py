@@ -15,22 +15,13 @@ import torch
 
 from torchrec_frugal.launch import run_ranks
 from engine_reference import Scenario, run_scenario, run_scenarios
-from torchrec_frugal import device as device_mod
-from torchrec_frugal import shm
+from torchrec_frugal import host_registration, shm
 from torchrec_frugal.config import FrugalConfig
-from torchrec_frugal.device import (
-    PAGE_BYTES,
-    REACHED,
-    HostRegistration,
-    HostTables,
-    Streams,
-    choose_host_path,
-    plan_lookup,
-    registration_range,
-    resolve_device,
-    to_device,
-)
 from torchrec_frugal.errors import FrugalError
+from torchrec_frugal.host_registration import PAGE_BYTES, HostRegistration, registration_range
+from torchrec_frugal.host_tables import HostTables, choose_host_path, pick_path
+from torchrec_frugal.lookup_plan import plan_lookup
+from torchrec_frugal.streams import REACHED, Streams, resolve_device, to_device
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)
@@ -180,11 +171,11 @@ def test_host_tables_read_write_on_cpu(path: str) -> None:
 
 def test_pick_path_takes_the_nearest_calibrated_size() -> None:
     choices = [(1024, "pinned"), (16384, "zero_copy"), (262144, "pinned")]
-    assert device_mod.pick_path(choices, 1) == "pinned"
-    assert device_mod.pick_path(choices, 3000) == "pinned"  # nearer 1k than 16k on a log scale
-    assert device_mod.pick_path(choices, 8000) == "zero_copy"
-    assert device_mod.pick_path(choices, 100_000) == "pinned"
-    assert device_mod.pick_path(choices, 10**9) == "pinned"
+    assert pick_path(choices, 1) == "pinned"
+    assert pick_path(choices, 3000) == "pinned"  # nearer 1k than 16k on a log scale
+    assert pick_path(choices, 8000) == "zero_copy"
+    assert pick_path(choices, 100_000) == "pinned"
+    assert pick_path(choices, 10**9) == "pinned"
 
 
 def test_calibration_times_both_paths_and_leaves_the_tables_unchanged() -> None:
@@ -271,7 +262,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
         monkeypatch.setattr(torch.cuda, "device", lambda d: nullcontext())
         monkeypatch.setattr(torch.cuda, "init", lambda: None)
-        monkeypatch.setattr(device_mod, "loaded_cudart", lambda: loaded)
+        monkeypatch.setattr(host_registration, "loaded_cudart", lambda: loaded)
         return cudart
 
     return install
@@ -345,10 +336,10 @@ def test_failed_registration_says_when_the_error_stays(fake_cuda: Any) -> None:
 def test_loaded_runtime_is_the_one_in_this_process() -> None:
     """Without CUDA no libcudart is mapped here, and none is loaded anew to look for one."""
     if torch.cuda.is_available():
-        lib = device_mod.loaded_cudart()
+        lib = host_registration.loaded_cudart()
         assert lib is not None and hasattr(lib, "cudaGetLastError")
     else:
-        assert device_mod.loaded_cudart() is None
+        assert host_registration.loaded_cudart() is None
 
 
 def test_failed_registration_names_the_locked_memory_limit(fake_cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -357,7 +348,7 @@ def test_failed_registration_names_the_locked_memory_limit(fake_cuda: Any, monke
 
     fake_cuda(FakeCudart(register_error=1))
     monkeypatch.setattr(resource, "getrlimit", lambda which: (8192, 8192))
-    monkeypatch.setattr(device_mod, "can_lock_any", lambda: False)
+    monkeypatch.setattr(host_registration, "can_lock_any", lambda: False)
     with pytest.raises(FrugalError, match=r"CUDA error 1 .*page-locking the 12288 bytes .* is 8192 bytes .*ulimit -l unlimited"):
         HostRegistration(5 * PAGE_BYTES, 3 * PAGE_BYTES, CUDA, owner=None)
     monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))

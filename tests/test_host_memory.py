@@ -17,11 +17,11 @@ from typing import Optional
 import pytest
 import torch
 
-from torchrec_frugal.launch import run_ranks
 from torchrec_frugal import FrugalConfig, FrugalEngine, OptimizerSpec, TableSpec, shm
-from torchrec_frugal.device import memlock_hint
 from torchrec_frugal.errors import FrugalError
 from torchrec_frugal.host_memory import HostMemoryError, check_fits
+from torchrec_frugal.host_registration import memlock_hint
+from torchrec_frugal.launch import run_ranks
 from torchrec_frugal.shm import SharedMemoryFullError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_frugal.device import REACHED, HostTables, Streams
 from torchrec_frugal.errors import FrugalError, FrugalInputError
 from torchrec_frugal.flusher import Flusher
 from torchrec_frugal.gate import INGESTED, PUBLISHED, RING_ROWS, Control, control_field
+from torchrec_frugal.host_tables import HostTables
 from torchrec_frugal.lookahead import LookaheadWindow
 from torchrec_frugal.lookahead_feed import LookaheadFeed
 from torchrec_frugal.lookahead_ring import LookaheadRing, union_sorted, unique_sorted
@@ -18,6 +18,7 @@ from torchrec_frugal.mailbox import Record, keep_ring, ring_layout
 from torchrec_frugal.owner_cache import OwnerStore
 from torchrec_frugal.priority_queue import INF, make_queue
 from torchrec_frugal.shm import PREFIX, Layout, SharedSegment, new_run_id
+from torchrec_frugal.streams import REACHED, Streams
 
 WORLD, ROWS, L = 2, 20, 2
 CPU = torch.device("cpu")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchrec_frugal.config import OptimizerSpec
-from torchrec_frugal.device import HostTables
+from torchrec_frugal.host_tables import HostTables
 from torchrec_frugal.optimizers import apply_update, state_width
 from torchrec_frugal.owner_cache import OwnerStore
 from torchrec_frugal.owner_update import OwnerUpdate

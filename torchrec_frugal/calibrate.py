@@ -285,7 +285,7 @@ def _host_rows(dev: Any, reps: int, gen: Any, sync: Callable[[], None], log: Cal
     host = torch.randn(rows_total, ROW_BYTES // 4, generator=gen)
     res: Dict[str, Any] = {"host_read_sorted": []}
     if dev.type == "cuda":
-        from .device import HostTables
+        from .host_tables import HostTables
 
         ht = HostTables({"weights": host}, host.view(-1).view(torch.uint8), dev, "auto", host)
         ht.calibrate(SORTED_READ_ROWS, reps)

@@ -41,18 +41,20 @@ import torch.distributed as dist
 
 from . import shm
 from .config import FrugalConfig, OptimizerSpec, TableSpec
-from .device import REACHED, CopyStream, GradientStaging, HostTables, Marker, Streams, plan_lookup, resolve_device
 from .errors import FrugalError, FrugalInputError, RankLostError
 from .exchange_worker import ExchangeWorker
 from .flusher import Flusher
 from .gate import CLOSED, FAILED, FLUSHED, STATUS, UPDATED, WAIT_GATE, lagging_owners, sync
 from .fused_rows import FusedRows
 from .gradient_exchange import GradientExchange
+from .gradient_staging import GradientStaging
 from .host_rows import HostRows, RowsPart
+from .host_tables import HostTables
 from .local_group import LocalGroup
 from .lookahead import LookaheadWindow
 from .lookahead_feed import LookaheadFeed
 from .lookahead_ring import LookaheadRing
+from .lookup_plan import plan_lookup
 from .metrics import StepMetrics, StepRecorder
 from .optimizers import state_width
 from .owner_cache import OwnerStore, ownership_from_presample
@@ -60,6 +62,7 @@ from .owner_update import OwnerUpdate
 from .priority_queue import PendingQueue, make_queue
 from .shared_tables import InitWeights, open_shared_tables
 from .step_plan import StepPlan
+from .streams import REACHED, CopyStream, Marker, Streams, resolve_device
 
 Rows = Union[torch.Tensor, StepPlan]
 """A step's rows as the caller has them: a tensor (checked on every call), or a plan made ahead."""

@@ -22,11 +22,12 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
-from .device import REACHED, HostTables, Marker, Streams, to_device
 from .gate import FLUSHED, Control, flushed_through
+from .host_tables import HostTables
 from .lookahead import LookaheadWindow
 from .owner_cache import OwnerStore
 from .priority_queue import INF, PendingQueue
+from .streams import REACHED, Marker, Streams, to_device
 
 
 @dataclass

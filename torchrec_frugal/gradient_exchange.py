@@ -13,11 +13,11 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .device import Marker
 from .gate import STAGED, WAIT_EXCHANGE, Control
 from .lookahead_ring import merge_unique
 from .mailbox import Record
 from .shm import SharedSegment
+from .streams import Marker
 
 
 def sum_owned(

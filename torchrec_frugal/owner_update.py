@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from .config import OptimizerSpec
-from .device import HostTables, to_device
+from .host_tables import HostTables
 from .optimizers import apply_update
 from .owner_cache import OwnerStore
+from .streams import to_device
 
 
 class OwnerUpdate:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .device import LookupPlan, Marker
+from .lookup_plan import LookupPlan
+from .streams import Marker
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
-from ..device import REACHED, CopyStream, Marker
 from ..errors import FrugalError, FrugalInputError
 from ..int_sort import SortedUnique, sorted_unique, unique_inverse
+from ..streams import REACHED, CopyStream, Marker
 from .bounds_check import OutOfRangeLog, RowZero, row_zero
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
 from .row_pooling import TransposedBags, gather_rows, pool_rows, transpose_bags, transpose_sorted_bags

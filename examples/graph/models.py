@@ -1,8 +1,10 @@
 """Knowledge-graph embedding models over a TorchRec entity table: TransE, DistMult, ComplEx.
 
 The entity table is an ``EmbeddingCollection`` (one table, one feature ``"entity"``) so that any
-TorchRec sharder (stock or Frugal) can shard it; relations are a plain ``nn.Embedding``, which
-``DistributedModelParallel`` replicates and all-reduces like any dense parameter.
+TorchRec sharder (stock or Frugal) can shard it; relations are a :class:`RelationTable`, replicated
+on every rank and trained with Adagrad on the rows a step touches (exchanged among the ranks in
+its backward), which is what a dense ``nn.Embedding`` under DDP and ``torch.optim.Adagrad`` does
+with every row.
 
 Every score is written as "query against candidate": a query ``q`` combines the anchor entity
 with the relation, and candidates are the entities on the corrupted side. Tail corruption uses
@@ -20,9 +22,11 @@ negatives.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
+import torch.fx
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingCollection, EmbeddingConfig
@@ -245,25 +249,103 @@ def entity_collection(num_entities: int, cfg: KGEConfig, seed: int, device: Opti
     return EmbeddingCollection(tables=[table], device=device or torch.device("meta"))
 
 
+class RelationTable(nn.Module):
+    """The relations, replicated on every rank, trained by ``torch.optim.Adagrad``'s dense update on
+    the rows a step touches, applied in the backward.
+
+    A dense ``nn.Embedding`` under DDP all-reduces and steps every row every step, though a step
+    touches a few hundred of them: an untouched row has a zero gradient, which leaves it and its
+    Adagrad sum as they were. Here the backward sums each row's gradient on the union of the ranks'
+    relation ids, divides it by the world size and all-reduces it (as DDP does, on those rows
+    alone), then applies Adagrad's operations to those rows: the table trains as the dense one.
+    ``weight`` and the Adagrad ``sum`` are buffers, so they are checkpointed with the model.
+    """
+
+    def __init__(self, num_relations: int, dim: int, lr: float, device: torch.device, eps: float = 1e-10) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.empty(num_relations, dim, device=device))
+        self.register_buffer("sum", torch.zeros(num_relations, dim, device=device))
+        self.lr, self.eps = lr, eps
+        self.group: Optional[dist.ProcessGroup] = None  # the ranks that share the table; None: this process alone
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return lookup_relations(self, ids)
+
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
+        """Adagrad on the rows of every rank's ``ids``, with the gradient ``grad`` of this rank's lookups."""
+        world = 1 if self.group is None else dist.get_world_size(self.group)
+        if world > 1:
+            everyone = [torch.empty_like(ids) for _ in range(world)]
+            dist.all_gather(everyone, ids, group=self.group)
+            rows = torch.unique(torch.cat(everyone))
+        else:
+            rows = torch.unique(ids)
+        g = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
+        g.index_add_(0, torch.searchsorted(rows, ids), grad)
+        if world > 1:
+            g.div_(world)
+            dist.all_reduce(g, group=self.group)
+        state = self.sum.index_select(0, rows).addcmul_(g, g, value=1)
+        weight = self.weight.index_select(0, rows).addcdiv_(g, state.sqrt().add_(self.eps), value=-self.lr)
+        self.sum.index_copy_(0, rows, state)
+        self.weight.index_copy_(0, rows, weight)
+
+
+class _RelationRows(torch.autograd.Function):
+    """Rows of a :class:`RelationTable`; the backward steps the table (``trigger``, an empty tensor
+    that requires grad, makes autograd call it: the table's buffers take no gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, table: RelationTable, ids: torch.Tensor, trigger: torch.Tensor) -> torch.Tensor:
+        ctx.table = table
+        ctx.save_for_backward(ids)
+        return table.weight.index_select(0, ids)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None]:
+        (ids,) = ctx.saved_tensors
+        ctx.table.step(ids, grad.contiguous())
+        return None, None, None
+
+
+def lookup_relations(table: RelationTable, ids: torch.Tensor) -> torch.Tensor:
+    """``table``'s rows ``ids``, its update in their backward (one call for TorchRec's tracer)."""
+    trigger = torch.empty(0, device=ids.device, requires_grad=torch.is_grad_enabled())
+    return _RelationRows.apply(table, ids, trigger)
+
+
+torch.fx.wrap("lookup_relations")
+
+
 class KGEModel(nn.Module):
-    """Entity table (TorchRec, shardable) + relation table (dense, replicated) + KGE loss.
+    """Entity table (TorchRec, shardable) + relation table (replicated, touched rows) + KGE loss.
 
     ``forward(batch)`` returns ``(loss, (loss, positive scores))`` as TorchRec's train pipelines
     expect of a model (they back-propagate the first element and hand back the second).
     """
 
-    def __init__(self, entities: EmbeddingCollection, num_relations: int, cfg: KGEConfig, seed: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        entities: EmbeddingCollection,
+        num_relations: int,
+        cfg: KGEConfig,
+        seed: int,
+        device: torch.device,
+        relation_lr: float = 0.1,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.entities = entities
-        self.relations = nn.Embedding(num_relations, cfg.dim, device=device)
+        self.relations = RelationTable(num_relations, cfg.dim, relation_lr, device)
         seeded_uniform_(self.relations.weight, cfg.init_bound, seed + 1)
 
     def forward(self, batch: KGBatch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.cfg
         emb = self.entities(batch.entities)[ENTITY_FEATURE].values()
         b = batch.relations.shape[0]
-        anchor, true, negs = emb[:b], emb[b : 2 * b], emb[2 * b :]
+        # one split, not three slices: each slice's backward would fill a zero tensor of emb's size
+        anchor, true, negs = emb.split([b, b, emb.shape[0] - 2 * b])
         rel = self.relations(batch.relations)
         q = query(cfg, anchor, rel, batch.sign)
         positive = score_pairs(cfg, q, true)

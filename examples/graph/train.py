@@ -5,10 +5,10 @@
     python examples/graph/train.py --dataset umls --model complex          # one process
 
 The entity table is a TorchRec ``EmbeddingCollection`` sharded by the chosen sharder; relations
-are replicated (a dense ``nn.Embedding`` that ``DistributedModelParallel`` all-reduces).
+are replicated (``models.RelationTable``: each step exchanges and updates the rows it touches).
 ``--sharder`` is the only switch: it picks the sharder, its planner and its train pipeline.
 Entities train with the fused exact row-wise Adagrad (DGL-KE's sparse Adagrad), relations with
-dense Adagrad.
+Adagrad, as ``torch.optim.Adagrad`` steps a dense table.
 
 ``--batch-size`` is the *global* batch of positive triples per step, split evenly over the ranks,
 and the negatives are drawn per chunk of positives from a seeded stream that does not depend on
@@ -54,6 +54,7 @@ from torch import nn
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.types import ShardedTensor, ShardingEnv, ShardingType
+from torchrec.optim.keyed import CombinedOptimizer
 
 from torchrec_frugal import FrugalConfig
 
@@ -64,7 +65,6 @@ from examples.common import (
     add_frugal_arguments,
     check_hardware,
     check_steps,
-    combined_optimizer,
     gather_cat,
     init_distributed,
     progress_bar,
@@ -240,7 +240,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--loader-workers", type=int, default=1,
                    help="worker processes that make batches ahead, off the training thread (0: on it)")
     p.add_argument("--lr", type=float, default=0.1, help="entity table (fused row-wise Adagrad)")
-    p.add_argument("--relation-lr", type=float, default=0.1, help="relations (Adagrad)")
+    p.add_argument("--relation-lr", type=float, default=0.1, help="relations (Adagrad on the rows a step touches)")
     p.add_argument("--steps", type=int, default=1000, help="training steps")
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps; none: min(20, steps // 5)")
     p.add_argument("--sharder", choices=SHARDERS, default="frugal",
@@ -345,11 +345,15 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     pin = torch.cuda.is_available() and args.loader_workers > 0
     batches = sampler.batches(rank, args.steps - start, start=start, workers=args.loader_workers, pin=pin)
     t_setup = time.perf_counter()
-    model = KGEModel(entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device)
+    model = KGEModel(
+        entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device, args.relation_lr
+    )
+    # the relations' exchange in a group of its own: no ordering against the entity table's collectives
+    model.relations.group = dist.new_group(backend=backend)
     dmp, plan_info = shard(args, model, sampler, rank, device, ckpt.data_parallel_wrapper())
     if args.sharder == "torchrec" or plan_info["sharding"] == "frugal_row_wise":
         seed_entity_table(dmp, cfg, args.seed, through_engines=args.sharder == "frugal")
-    opt = combined_optimizer(dmp, lambda ps: torch.optim.Adagrad(ps, lr=args.relation_lr))
+    opt = CombinedOptimizer([dmp.fused_optimizer])  # the relations step in their backward
     losses: List[torch.Tensor] = []
     if resume:
         local = ckpt.load(resume[1], dmp, opt)

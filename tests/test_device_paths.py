@@ -101,6 +101,36 @@ def test_plan_lookup_sorted_reads_read_each_host_row_once_in_order(seed: int) ->
     assert again.n_expand == 0 and again.n_host == again.n_miss
 
 
+def plan_lookup_with_numpy_unique(slot_of: np.ndarray, num_static: int, rows: np.ndarray) -> np.ndarray:
+    """``plan_lookup(..., sorted_reads=True).packed`` as it was computed with ``np.unique``."""
+    slots = slot_of[rows]
+    hit_pos = np.flatnonzero(slots >= 0)
+    miss_pos = np.flatnonzero(slots < 0)
+    host_rows = rows[miss_pos]
+    expand = np.zeros(0, dtype=np.int64)
+    if host_rows.size > 1 and not bool(np.all(host_rows[1:] > host_rows[:-1])):
+        host_rows, expand = np.unique(host_rows, return_inverse=True)
+        expand = expand.reshape(-1)
+    return np.concatenate([hit_pos, slots[hit_pos], miss_pos, host_rows, expand])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("seed", range(4))
+def test_plan_lookup_sorted_reads_equal_numpy_unique(seed: int, dtype: type) -> None:
+    """The deduplication of host reads gives exactly what ``np.unique`` gave: values, dtype, order."""
+    rng = np.random.default_rng(seed)
+    num_rows = [1, 7, 400, 200_000][seed]
+    slot_of = np.full(num_rows, -1, dtype=np.int64)
+    held = rng.choice(num_rows, size=num_rows // 4, replace=False)
+    slot_of[held] = np.arange(held.shape[0])
+    for n in (0, 1, 2, 3, 60, 5000):
+        for rows in (rng.integers(0, num_rows, size=n), np.sort(rng.integers(0, num_rows, size=n))):
+            rows = rows.astype(dtype)
+            plan = plan_lookup(slot_of, 10, rows, sorted_reads=True)
+            ref = plan_lookup_with_numpy_unique(slot_of, 10, rows)
+            assert plan.packed.numpy().dtype == ref.dtype and np.array_equal(plan.packed.numpy(), ref)
+
+
 def test_plan_lookup_edges() -> None:
     slot_of = np.array([0, -1, 1, -1], dtype=np.int64)
     none = plan_lookup(slot_of, 2, np.zeros(0, dtype=np.int64))

@@ -1,13 +1,23 @@
 """Radix sorts of ids: the same permutation as a stable sort, the same unique rows and inverse as
-``torch.unique``, for ids below 2^16 (one pass), below 2^32 (two), beyond, and none; and the runs
-of each unique id in the sort (``sorted_unique``)."""
+``torch.unique``, for ids below 2^16 (one pass), below 2^32 (two), beyond, and none; the runs
+of each unique id in the sort (``sorted_unique``); and the numpy helpers giving exactly what
+``np.unique`` gives (values, inverse, dtypes, order)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from torchrec_frugal.int_sort import sorted_unique, stable_argsort, stable_argsort_np, unique_inverse
+from torchrec_frugal.int_sort import (
+    merge_unique,
+    sorted_unique,
+    stable_argsort,
+    stable_argsort_np,
+    union_sorted,
+    unique_inverse,
+    unique_inverse_np,
+    unique_sorted,
+)
 
 
 @pytest.mark.parametrize("bound", [1, 3, 1 << 16, (1 << 16) + 7, 3_000_000, 1 << 33])
@@ -43,3 +53,33 @@ def test_sorted_unique_runs(bound: int, n: int) -> None:
         assert torch.equal(run, torch.nonzero(ids == u.values[r]).flatten())
         if r > 20:
             break
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("bound", [1, 3, 1 << 16, 3_000_000, 1 << 33])
+@pytest.mark.parametrize("n", [0, 1, 2, 50, 3000])
+def test_unique_inverse_np_equals_numpy_unique(dtype: type, bound: int, n: int) -> None:
+    """Values, inverse, their dtypes and order as ``np.unique``: ``plan_lookup`` relies on it."""
+    if dtype is np.int32 and bound > 1 << 31:
+        pytest.skip("beyond int32")
+    rng = np.random.default_rng(n * 31 + bound)
+    ids = rng.integers(0, bound, size=n).astype(dtype)  # bound below n: duplicates
+    values, inverse = unique_inverse_np(ids)
+    ref_values, ref_inverse = np.unique(ids, return_inverse=True)
+    assert values.dtype == ref_values.dtype and np.array_equal(values, ref_values)
+    assert inverse.dtype == ref_inverse.dtype and inverse.shape == ids.shape and np.array_equal(inverse, ref_inverse)
+    np.testing.assert_array_equal(values[inverse], ids)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_unique_sorted_union_sorted_and_merge_unique_equal_numpy_unique(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 2, 50, 3000):
+        rows = rng.integers(0, max(1, n // 3), size=n)
+        np.testing.assert_array_equal(unique_sorted(rows), np.unique(rows))
+        np.testing.assert_array_equal(unique_sorted(np.unique(rows)), np.unique(rows))  # sorted: as is
+        runs = [np.unique(rng.integers(0, 100, size=rng.integers(0, 40))) for _ in range(rng.integers(1, 5))]
+        np.testing.assert_array_equal(union_sorted(runs), np.unique(np.concatenate(runs)))
+        merged, inverse = merge_unique(runs)
+        ref, ref_inverse = np.unique(np.concatenate(runs), return_inverse=True)
+        assert np.array_equal(merged, ref) and inverse.dtype == ref_inverse.dtype and np.array_equal(inverse, ref_inverse)

@@ -13,7 +13,7 @@ from torchrec_frugal.gate import INGESTED, PUBLISHED, RING_ROWS, Control, contro
 from torchrec_frugal.host_tables import HostTables
 from torchrec_frugal.lookahead import LookaheadWindow
 from torchrec_frugal.lookahead_feed import LookaheadFeed
-from torchrec_frugal.lookahead_ring import LookaheadRing, union_sorted, unique_sorted
+from torchrec_frugal.lookahead_ring import LookaheadRing
 from torchrec_frugal.mailbox import Record, keep_ring, ring_layout
 from torchrec_frugal.owner_cache import OwnerStore
 from torchrec_frugal.priority_queue import INF, make_queue
@@ -89,14 +89,3 @@ def test_owners_ingest_what_every_rank_publishes(tmp_path) -> None:
         assert f0.priorities(np.array([0, 4, 6]), 0).tolist() == [INF, 2, 2]
     # Row 1 is cached by its owner, rank 1, the only rank reading it: no host read.
     assert f1.ingest_available() and f1.window.next_read[[1, 3, 5, 7, 9]].tolist() == [INF, 1, 0, 2, 1]
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_unique_sorted_and_union_sorted_equal_numpy_unique(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    for n in (0, 1, 2, 50, 3000):
-        rows = rng.integers(0, max(1, n // 3), size=n)
-        np.testing.assert_array_equal(unique_sorted(rows), np.unique(rows))
-        np.testing.assert_array_equal(unique_sorted(np.unique(rows)), np.unique(rows))  # sorted: as is
-        runs = [np.unique(rng.integers(0, 100, size=rng.integers(0, 40))) for _ in range(rng.integers(1, 5))]
-        np.testing.assert_array_equal(union_sorted(runs), np.unique(np.concatenate(runs)))

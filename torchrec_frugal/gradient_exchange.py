@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .gate import STAGED, WAIT_EXCHANGE, Control
-from .lookahead_ring import merge_unique
+from .int_sort import merge_unique
 from .mailbox import Record
 from .shm import SharedSegment
 from .streams import Marker

@@ -1,4 +1,5 @@
-"""Stable sorts of non-negative integer ids on CPU, by 16-bit radix passes.
+"""Sorted sets of non-negative integer ids on CPU: stable radix sorts, unique ids with their
+inverse, and merges of sorted runs. Every deduplication of row ids in the package goes through here.
 
 numpy's stable sort of 16-bit integers is a radix sort, O(n); of wider integers it is a timsort.
 PyTorch's CPU sort uses its radix sort only from 32,768 values up and a comparison sort below:
@@ -6,11 +7,14 @@ PyTorch's CPU sort uses its radix sort only from 32,768 values up and a comparis
 pass. Ids below 2^16 take one pass, below 2^32 two, least significant half first (each pass is
 stable, so ties keep the order of the pass before). The permutation is the one any stable sort
 gives: results do not depend on which sort made it.
+
+``np.unique`` is not used: numpy 2 dedupes unsorted integers by hashing, slower than a sort and
+a mask at a batch's few thousand rows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import torch
@@ -74,6 +78,43 @@ def unique_by_order(values: np.ndarray, order: np.ndarray) -> Tuple[np.ndarray, 
     permutation that sorts ``values``."""
     unique, inverse, _ = _runs(values, order)
     return unique, inverse
+
+
+def unique_inverse_np(values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` of 1-D integer ``values`` (same dtypes, same
+    order), by a radix sort."""
+    return unique_by_order(values, stable_argsort_np(values))
+
+
+def unique_sorted(rows: np.ndarray) -> np.ndarray:
+    """Sorted unique values of ``rows``; O(n) when they already are (the TorchRec path's case)."""
+    if rows.size <= 1 or bool(np.all(rows[1:] > rows[:-1])):
+        return rows
+    return _drop_repeats(np.sort(rows))
+
+
+def union_sorted(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Sorted unique values of the concatenation of sorted runs (a merge: timsort finds the runs)."""
+    return _drop_repeats(np.sort(np.concatenate(parts), kind="stable"))
+
+
+def merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """Unique values of the concatenation of sorted runs, and each element's index into them.
+
+    A stable sort of a few sorted runs is a merge (timsort), cheaper than hashing every value.
+    """
+    cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    return unique_by_order(cat, np.argsort(cat, kind="stable"))
+
+
+def _drop_repeats(srt: np.ndarray) -> np.ndarray:
+    """The unique values of a sorted array."""
+    if srt.size <= 1:
+        return srt
+    first = np.empty(srt.shape[0], dtype=bool)
+    first[0] = True
+    np.not_equal(srt[1:], srt[:-1], out=first[1:])
+    return srt[first]
 
 
 def _runs(values: np.ndarray, order: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

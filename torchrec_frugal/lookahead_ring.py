@@ -12,50 +12,15 @@ let a rank run L steps ahead of the slowest owner's ingestion.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
 
 from .errors import FrugalError
 from .gate import INGESTED, PUBLISHED, WAIT_RING, Control
-from .int_sort import unique_by_order
+from .int_sort import union_sorted, unique_sorted
 from .mailbox import Record
-
-
-def _drop_repeats(srt: np.ndarray) -> np.ndarray:
-    """The unique values of a sorted array."""
-    if srt.size <= 1:
-        return srt
-    first = np.empty(srt.shape[0], dtype=bool)
-    first[0] = True
-    np.not_equal(srt[1:], srt[:-1], out=first[1:])
-    return srt[first]
-
-
-def unique_sorted(rows: np.ndarray) -> np.ndarray:
-    """Sorted unique values of ``rows``; O(n) when they already are (the TorchRec path's case).
-
-    A sort and a mask, not ``np.unique``: numpy 2 dedupes unsorted ints by hashing, 8x slower
-    at a batch's few thousand rows.
-    """
-    if rows.size <= 1 or bool(np.all(rows[1:] > rows[:-1])):
-        return rows
-    return _drop_repeats(np.sort(rows))
-
-
-def union_sorted(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """Sorted unique values of the concatenation of sorted runs (a merge: timsort finds the runs)."""
-    return _drop_repeats(np.sort(np.concatenate(parts), kind="stable"))
-
-
-def merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """Unique values of the concatenation of sorted runs, and each element's index into them.
-
-    A stable sort of a few sorted runs is a merge (timsort), cheaper than hashing every value.
-    """
-    cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
-    return unique_by_order(cat, np.argsort(cat, kind="stable"))
 
 
 class LookaheadRing:

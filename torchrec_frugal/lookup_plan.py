@@ -11,6 +11,8 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
+from .int_sort import unique_inverse_np
+
 
 @dataclass
 class LookupPlan:
@@ -57,8 +59,7 @@ def plan_lookup(
     host_rows = rows[miss_pos]
     expand = np.zeros(0, dtype=np.int64)
     if sorted_reads and host_rows.size > 1 and not bool(np.all(host_rows[1:] > host_rows[:-1])):
-        host_rows, expand = np.unique(host_rows, return_inverse=True)
-        expand = expand.reshape(-1)
+        host_rows, expand = unique_inverse_np(host_rows)
     packed = np.concatenate([hit_pos, hit_slots, miss_pos, host_rows, expand])
     return LookupPlan(
         torch.from_numpy(packed),

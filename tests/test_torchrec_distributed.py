@@ -286,7 +286,7 @@ def build(
         }[sharding]
         planner = FrugalShardingPlanner(topology=topology, batch_size=BATCH, constraints=constraints)
         plan = planner.collective_plan(model, [frugal_sharder], dist.GroupMember.WORLD)
-        sharder = frugal_sharder
+        sharder = planner.sharders()[0]
     elif sharding == "default":
         plan, sharder = None, frugal_sharder
     else:

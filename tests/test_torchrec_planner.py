@@ -253,3 +253,18 @@ def test_cache_ratio_cap_comes_from_the_sharder_config_unless_the_planner_has_on
 def test_without_sharders_the_planner_uses_the_frugal_ones() -> None:
     plan = FrugalShardingPlanner(topology=Topology(world_size=2, compute_device="cpu")).plan(dlrm())
     assert set(types(plan).values()) == {FRUGAL}
+
+
+def test_the_lookahead_goes_into_copies_never_into_the_script_s_sharders() -> None:
+    from torchrec_frugal.config import FrugalConfig
+    from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder
+    from torchrec_frugal.torchrec.fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
+    from torchrec_frugal.torchrec.planner import with_lookahead
+
+    config = FrugalConfig(lookahead=7)
+    ebc = FrugalEmbeddingBagCollectionSharder(config=config)
+    for sharder in (ebc, FrugalFeatureProcessedEmbeddingBagCollectionSharder(ebc)):
+        out = with_lookahead(sharder, 2)
+        assert type(out) is type(sharder) and out is not sharder and out.config.lookahead == 2
+        assert sharder.config is config and config.lookahead == 7
+    assert with_lookahead(ebc, 7) is ebc and with_lookahead(ebc, None) is ebc

@@ -81,8 +81,11 @@ def test_slow_all_to_alls_keep_every_table_frugal() -> None:
     assert planner.cache_ratio is not None and planner.lookahead is not None
     ratios = {ps.cache_params.load_factor for ps in plan.plan[EBC_PATH].values()}  # type: ignore[union-attr]
     assert ratios == {planner.cache_ratio}
-    assert sharder.config.lookahead == planner.lookahead  # the route to the engines
-    assert planner.sharders() == [sharder]
+    given = sharder.config
+    (configured,) = planner.sharders()  # the route to the engines
+    assert configured.config.lookahead == planner.lookahead and type(configured) is type(sharder)
+    assert sharder.config is given and given.lookahead == 7 != planner.lookahead  # the script's config as it was
+    assert configured.config == replace(given, lookahead=planner.lookahead)
     for stock in ("table_wise", "row_wise", "table_row_wise"):
         assert planner.predicted["plan"].step_s < planner.predicted[stock].step_s / 2
 

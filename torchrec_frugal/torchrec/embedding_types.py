@@ -8,6 +8,7 @@ features, hosts frugal tables in state_dict and feeds the lookahead. :mod:`.embe
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Tuple, Type
 
@@ -47,6 +48,12 @@ class FrugalSharderMixin:
     @property
     def config(self) -> FrugalConfig:
         return self._config
+
+    def with_config(self, config: FrugalConfig) -> "FrugalSharderMixin":
+        """A copy of this sharder with ``config`` (this one and its config are left as they are)."""
+        out = copy.copy(self)
+        out._config = config
+        return out
 
     def _frugal_kwargs(self) -> Dict[str, Any]:
         """What the sharded module takes beyond TorchRec's arguments."""

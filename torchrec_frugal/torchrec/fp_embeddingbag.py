@@ -40,5 +40,10 @@ class FrugalFeatureProcessedEmbeddingBagCollectionSharder(FeatureProcessedEmbedd
 
     @property
     def config(self) -> FrugalConfig:
-        """The inner sharder's FrugalConfig (the planner sets its chosen lookahead there)."""
+        """The inner sharder's FrugalConfig."""
         return self._frugal_ebc_sharder.config
+
+    def with_config(self, config: FrugalConfig) -> "FrugalFeatureProcessedEmbeddingBagCollectionSharder":
+        """This sharder around a copy of the inner one holding ``config`` (this one left as it is)."""
+        inner = self._frugal_ebc_sharder.with_config(config)
+        return FrugalFeatureProcessedEmbeddingBagCollectionSharder(inner, self.qcomm_codecs_registry)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,6 @@ from torchrec.distributed.planner.types import (
     ShardingOption,
     Stats,
     StorageReservation,
-    Storage,
     Topology,
 )
 from torchrec.distributed.planner.utils import sharder_name
@@ -57,10 +56,9 @@ from .embedding import FrugalEmbeddingCollectionSharder
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder
 from .fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
 from .fused_params import frugal_fused_params, frugal_refusal, output_params, table_fused_params
-from .patches import frugal_row_bytes
 from .plan_choice import TableCandidates, choose, constrain, hardware_profile
 from .stats import FrugalCostStats
-from .storage import DenseEstimateStorageReservation
+from .storage import DenseEstimateStorageReservation, size_frugal_caches
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -144,6 +142,15 @@ def check_fused_params(module: nn.Module, sharders: List[ModuleSharder[nn.Module
                 output_params(tables)
 
 
+def with_lookahead(sharder: ModuleSharder[nn.Module], lookahead: Optional[int]) -> ModuleSharder[nn.Module]:
+    """``sharder`` with ``lookahead`` in its FrugalConfig: a copy holding a new config where the
+    lookahead differs, so that the caller's sharder and config are left as they were."""
+    config = getattr(sharder, "config", None)
+    if lookahead is None or not isinstance(config, FrugalConfig) or config.lookahead == lookahead:
+        return sharder
+    return cast(ModuleSharder[nn.Module], sharder.with_config(replace(config, lookahead=lookahead)))  # type: ignore[attr-defined]
+
+
 class FrugalShardingPlanner(EmbeddingShardingPlanner):
     """Plans "frugal", or with ``hardware`` the cheapest predicted sharding, for every table a
     frugal sharder serves, unless constrained otherwise.
@@ -167,10 +174,10 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
     ``lookahead`` (the chosen L), ``chosen`` (the cost model's ``Plan``) and ``predicted`` (the predicted step, as ``StepCost``, of the
     plan under "plan" and of every uniform alternative under its sharding's name); the plan report
     logs them (:class:`.stats.FrugalCostStats`). The lookahead reaches the engines through the
-    sharders' ``FrugalConfig``: the planner sets it there, on every rank for ``collective_plan``,
-    so the sharders given to the planner, then to ``DistributedModelParallel``, carry it
-    (``sharders()`` returns them, or the frugal defaults the planner used); the cache ratio
-    reaches them per table, as ``cache_params.load_factor`` in the plan.
+    sharders' ``FrugalConfig``: ``sharders()`` returns the planner's sharders with the chosen L in
+    a new config (on every rank for ``collective_plan``; the sharders and configs given are left
+    as they were): give those to ``DistributedModelParallel``. The cache ratio reaches them per
+    table, as ``cache_params.load_factor`` in the plan.
     """
 
     def __init__(
@@ -245,7 +252,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             chosen = [(self.cache_ratio, self.lookahead, self.predicted, self.chosen)]
             dist.broadcast_object_list(chosen, src=dist.get_global_rank(group, 0), group=group)
             self.cache_ratio, self.lookahead, self.predicted, self.chosen = chosen[0]
-            self._set_lookahead()
+            self._sharders = [with_lookahead(s, self.lookahead) for s in sharders]
         check_fused_params(module, sharders, plan)
         return plan
 
@@ -271,21 +278,14 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             )
         self._planning = (module, sharders)
         plan = super().plan(module, sharders)
-        self._set_lookahead()
+        self._sharders = [with_lookahead(s, self.lookahead) for s in sharders]
         return plan
 
     def sharders(self) -> List[ModuleSharder[nn.Module]]:
-        """The sharders of the last plan (the frugal defaults if it got none), with the chosen
-        lookahead in their ``FrugalConfig``: give these to ``DistributedModelParallel``."""
+        """The sharders of the last plan (the frugal defaults if it got none), each frugal one with
+        the chosen lookahead in its ``FrugalConfig`` (a copy: the sharders and configs given stay as
+        they were): give these to ``DistributedModelParallel``."""
         return list(self._sharders)
-
-    def _set_lookahead(self) -> None:
-        if self.lookahead is None:
-            return
-        for sharder in self._sharders:
-            config = getattr(sharder, "config", None)
-            if isinstance(config, FrugalConfig):
-                config.lookahead = self.lookahead
 
     def _default_sharders(self) -> List[ModuleSharder[nn.Module]]:
         config = self._config or FrugalConfig()
@@ -363,7 +363,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
 
     def _size_caches(self, best_plan: List[ShardingOption]) -> List[ShardingOption]:
         """Give frugal tables the largest cache ratio (<= config, or the cost model's choice) that
-        the fullest rank holds."""
+        the fullest rank holds (:func:`.storage.size_frugal_caches`)."""
         frugal_options = [so for so in best_plan if so.sharding_type in FRUGAL_TYPES]
         if not frugal_options:
             return best_plan
@@ -376,54 +376,9 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             sharders=sharders,
             constraints=self._constraints,
         )
-        kind = "hbm" if self._topology.compute_device in {"cuda", "mtia"} else "ddr"
-        world = self._topology.world_size
-        used = [0.0] * world
-        for so in best_plan:
-            for shard in so.shards:
-                used[shard.rank] += getattr(shard.storage, kind)  # type: ignore[index]
         by_type = {sharder_name(s.module_type): s for s in sharders}
-
-        def cache_bytes_at_ratio_one(so: ShardingOption) -> float:
-            """Bytes of a rank's cache at ratio 1: the rows its engine serves (frugal_row_wise: the node's block)."""
-            sharder = by_type[sharder_name(type(so.module[1]))]
-            rows, dim = so.tensor.shape
-            if so.sharding_type == FRUGAL_ROW_WISE:
-                rows = -(-rows // self._nodes())
-            return float(rows * frugal_row_bytes(dim, so.tensor.element_size(), sharder.fused_params or {}))
-
-        fixed = [so for so in frugal_options if so.cache_params is not None and so.cache_params.load_factor is not None]
-        sized = [so for so in frugal_options if so not in fixed]
-        unit = [0.0] * world
-        for so in fixed:
-            for shard in so.shards:
-                used[shard.rank] += so.cache_params.load_factor * cache_bytes_at_ratio_one(so)  # type: ignore[union-attr]
-        for so in sized:
-            for shard in so.shards:
-                unit[shard.rank] += cache_bytes_at_ratio_one(so)
-        free = [getattr(reserved.devices[r].storage, kind) - used[r] for r in range(world)]
-        fits = [free[r] / unit[r] for r in range(world) if unit[r] > 0]
         cap = min(self._cache_ratio_cap(by_type[sharder_name(type(so.module[1]))]) for so in frugal_options)
-        per_engine = world if all(so.sharding_type == FRUGAL for so in frugal_options) else self._topology.local_world_size
-        ratio = max(0.0, min([cap, 1.0 / per_engine] + fits))
-        if sized and ratio < min(cap, 1.0 / per_engine):
-            logger.warning(
-                f"FrugalShardingPlanner: device memory holds a cache ratio of {ratio:.4f} per rank, "
-                f"less than FrugalConfig.cache_ratio={cap}"
-            )
-        for so in sized:
-            so.cache_params = replace(so.cache_params or CacheParams(), load_factor=ratio)
-        for so in frugal_options:
-            extra = so.cache_params.load_factor * cache_bytes_at_ratio_one(so)  # type: ignore[union-attr]
-            for shard in so.shards:
-                s = shard.storage
-                assert s is not None
-                shard.storage = Storage(
-                    hbm=s.hbm + (extra if kind == "hbm" else 0),
-                    ddr=s.ddr + (extra if kind == "ddr" else 0),
-                    ssd=s.ssd,
-                )
-        self.cache_ratio = ratio if sized else None
+        self.cache_ratio = size_frugal_caches(best_plan, reserved, self._topology, by_type, cap, self._nodes())
         return best_plan
 
     def _predict_final(self, best_plan: List[ShardingOption]) -> List[ShardingOption]:

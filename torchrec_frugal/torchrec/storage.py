@@ -12,13 +12,21 @@ logged warning, which is then true.
 """
 from __future__ import annotations
 
+import logging
 import warnings
-from typing import Dict, List, Optional
+from dataclasses import replace
+from typing import Dict, List, Mapping, Optional
 
 from torch import nn
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, Topology
-from torchrec.distributed.types import ModuleSharder, get_tensor_size_bytes
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Storage, Topology
+from torchrec.distributed.planner.utils import sharder_name
+from torchrec.distributed.types import CacheParams, ModuleSharder, get_tensor_size_bytes
+
+from .patches import frugal_row_bytes
+from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
+
+logger: logging.Logger = logging.getLogger(__name__)
 
 PERCENTAGE = 0.15  # EmbeddingShardingPlanner's heuristical_storage_reservation_percentage default
 PARAMETER_MULTIPLIER = 6.0  # HeuristicalStorageReservation's: parameter + optimizer (~2x) + DDP (~3x)
@@ -95,4 +103,65 @@ class DenseEstimateStorageReservation(HeuristicalStorageReservation):
         return super().reserve(topology, batch_size, module, sharders, constraints)
 
 
-__all__ = ["DenseEstimateStorageReservation", "dense_tensor_estimate"]
+def size_frugal_caches(
+    best_plan: List[ShardingOption],
+    reserved: Topology,
+    topology: Topology,
+    by_type: Mapping[str, ModuleSharder[nn.Module]],
+    cap: float,
+    nodes: int,
+) -> Optional[float]:
+    """Give the frugal tables of ``best_plan`` without a cache ratio of their own the largest ratio,
+    at most ``cap`` (and 1 / the ranks of an engine), that the fullest rank of ``reserved`` holds,
+    and add every frugal table's cache to its shards' storage. Returns the ratio given (None when
+    every frugal table had its own)."""
+    frugal_options = [so for so in best_plan if so.sharding_type in FRUGAL_TYPES]
+    kind = "hbm" if topology.compute_device in {"cuda", "mtia"} else "ddr"
+    world = topology.world_size
+    used = [0.0] * world
+    for so in best_plan:
+        for shard in so.shards:
+            used[shard.rank] += getattr(shard.storage, kind)  # type: ignore[index]
+
+    def cache_bytes_at_ratio_one(so: ShardingOption) -> float:
+        """Bytes of a rank's cache at ratio 1: the rows its engine serves (frugal_row_wise: the node's block)."""
+        sharder = by_type[sharder_name(type(so.module[1]))]
+        rows, dim = so.tensor.shape
+        if so.sharding_type == FRUGAL_ROW_WISE:
+            rows = -(-rows // nodes)
+        return float(rows * frugal_row_bytes(dim, so.tensor.element_size(), sharder.fused_params or {}))
+
+    fixed = [so for so in frugal_options if so.cache_params is not None and so.cache_params.load_factor is not None]
+    sized = [so for so in frugal_options if so not in fixed]
+    unit = [0.0] * world
+    for so in fixed:
+        for shard in so.shards:
+            used[shard.rank] += so.cache_params.load_factor * cache_bytes_at_ratio_one(so)  # type: ignore[union-attr]
+    for so in sized:
+        for shard in so.shards:
+            unit[shard.rank] += cache_bytes_at_ratio_one(so)
+    free = [getattr(reserved.devices[r].storage, kind) - used[r] for r in range(world)]
+    fits = [free[r] / unit[r] for r in range(world) if unit[r] > 0]
+    per_engine = world if all(so.sharding_type == FRUGAL for so in frugal_options) else topology.local_world_size
+    ratio = max(0.0, min([cap, 1.0 / per_engine] + fits))
+    if sized and ratio < min(cap, 1.0 / per_engine):
+        logger.warning(
+            f"FrugalShardingPlanner: device memory holds a cache ratio of {ratio:.4f} per rank, "
+            f"less than FrugalConfig.cache_ratio={cap}"
+        )
+    for so in sized:
+        so.cache_params = replace(so.cache_params or CacheParams(), load_factor=ratio)
+    for so in frugal_options:
+        extra = so.cache_params.load_factor * cache_bytes_at_ratio_one(so)  # type: ignore[union-attr]
+        for shard in so.shards:
+            s = shard.storage
+            assert s is not None
+            shard.storage = Storage(
+                hbm=s.hbm + (extra if kind == "hbm" else 0),
+                ddr=s.ddr + (extra if kind == "ddr" else 0),
+                ssd=s.ssd,
+            )
+    return ratio if sized else None
+
+
+__all__ = ["DenseEstimateStorageReservation", "dense_tensor_estimate", "size_frugal_caches"]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import random
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -17,6 +18,7 @@ from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine import FrugalEngine
 from torchrec_frugal.optimizers import apply_update, state_width
 from torchrec_frugal.priority_queue import INF
+from torchrec_frugal.step_plan import StepPlan
 from torchrec_frugal.workload import ZipfWorkload
 
 
@@ -41,7 +43,7 @@ class Scenario:
     worker: Optional[bool] = None  # the lookahead worker thread (None: the device's default, off on CPU)
     worker_lag_s: float = 0.0  # each publish of the lookahead worker waits up to this long (a lagging worker)
     mailbox_rows: int = 16384  # small: the mailbox records grow during the run
-
+    planned: bool = False  # steps planned ahead on a planner thread (plan_step), as FrugalTrainPipeline does
 
 
 def _grads(values: torch.Tensor, rank: int, step: int, seed: int) -> torch.Tensor:
@@ -87,19 +89,48 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     def fused(r: int, step: int) -> torch.Tensor:
         return torch.cat([ids + offsets[t] for t, ids in enumerate(wl.batch(r, step))])
 
+    # Planned steps: one planner thread plans each step's unique rows in order, L + 1 steps ahead
+    # of the training thread, which then hands the engine plans (and expands the unique rows read).
+    planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="planner") if sc.planned else None
+    plans: Dict[int, "Future[Tuple[StepPlan, torch.Tensor]]"] = {}  # made, or being made, ahead
+    pushed: Dict[int, Tuple[StepPlan, torch.Tensor]] = {}  # planned steps pushed to the lookahead
+
+    def plan(step: int) -> "Tuple[StepPlan, torch.Tensor]":
+        for t in range(step, min(step + sc.lookahead + 2, sc.steps)):
+            if t not in plans:
+                assert planner is not None
+                plans[t] = planner.submit(plan_unique, fused(rank, t))
+        return plans.pop(step).result()
+
+    def plan_unique(rows: torch.Tensor) -> "Tuple[StepPlan, torch.Tensor]":
+        uniq, inv = torch.unique(rows, return_inverse=True)
+        return eng.plan_step(uniq), inv
+
+    def announce(step: int) -> None:
+        if sc.planned:
+            pushed[step] = plan(step)
+            eng.push_lookahead(pushed[step][0])
+        else:
+            eng.push_lookahead(fused(rank, step))
+
     max_rel = 0.0
     window_uncached = 0  # most rows of the owner's window that no rank caches (after an update)
     uncached = ~eng.ownership.cached
     gate_wait = 0.0
     step_time = 0.0
     for t in range(min(sc.lookahead, sc.steps)):
-        eng.push_lookahead(fused(rank, t))
+        announce(t)
     for step in range(sc.steps):
         if sc.lookahead and step + sc.lookahead < sc.steps:
-            eng.push_lookahead(fused(rank, step + sc.lookahead))
+            announce(step + sc.lookahead)
         rows = fused(rank, step)
-        eng.begin_step(rows)
-        got = eng.lookup(rows).cpu()
+        if sc.planned:
+            step_plan, inverse = pushed.pop(step) if step in pushed else plan(step)
+            eng.begin_step(step_plan)
+            got = eng.lookup(step_plan).cpu()[inverse]
+        else:
+            eng.begin_step(rows)
+            got = eng.lookup(rows).cpu()
         # Reference: every rank's reads and gradients at this step.
         all_rows, all_grads = [], []
         for r in range(world):
@@ -112,7 +143,7 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
             all_rows.append(u)
             all_grads.append(g)
         u, g = _coalesce(rows, _grads(got, rank, step, sc.seed))
-        eng.apply_gradients(u, g)
+        eng.apply_gradients(step_plan if sc.planned else u, g)
         if eng.window is not None and step % 25 == 0:
             with eng.flusher.lock:
                 window_uncached = max(window_uncached, int(((eng.window.next_read < INF) & uncached).sum()))
@@ -123,6 +154,8 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
         w, st = ref_w[ur], ref_s[ur]
         apply_update(spec, w, st, ug, step)
         ref_w[ur], ref_s[ur] = w, st
+    if planner is not None:
+        planner.shutdown()
     eng.flush()
     host_w, host_s = eng.read_rows()
     cached = torch.from_numpy(eng.store.cached_rows)

@@ -36,6 +36,13 @@ def _matrix_2() -> list:
         # Mailboxes that start at 2 rows and grow while peers read them (inline, and from the worker thread).
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=600, mailbox_rows=2),
         Scenario(lookahead=3, cache_ratio=0.0, optimizer="sgd", steps=600, in_host=False, worker=True, mailbox_rows=2),
+    ] + [
+        # Steps planned ahead on a planner thread, as FrugalTrainPipeline runs them.
+        Scenario(lookahead=l, cache_ratio=c, optimizer=o, steps=STEPS, planned=True)
+        for l, c, o in [(0, 0.05, "sgd"), (1, 0.0, "rowwise_adagrad"), (10, 0.05, "rowwise_adagrad"), (10, 1.0, "sgd")]
+    ] + [
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="adam", steps=STEPS, in_host=False, worker=True, planned=True),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, in_host=False, sorted_reads=True, planned=True),
     ]
 
 
@@ -50,6 +57,8 @@ def _matrix_4() -> list:
         Scenario(lookahead=1, cache_ratio=0.0, optimizer="sgd", steps=STEPS, in_host=False, worker=True),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=STEPS, in_host=False, worker=True),
         Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=600, worker=True, mailbox_rows=2),
+        Scenario(lookahead=10, cache_ratio=0.05, optimizer="rowwise_adagrad", steps=STEPS, planned=True),
+        Scenario(lookahead=1, cache_ratio=0.0, optimizer="sgd", steps=STEPS, in_host=False, worker=True, planned=True),
     ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
 
 

@@ -110,7 +110,7 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
 
     from torchrec_frugal.config import OptimizerSpec, TableSpec
     from torchrec_frugal.engine import FrugalEngine
-    from torchrec_frugal.gate import WAIT_EXCHANGE
+    from torchrec_frugal.metrics import WAIT_EXCHANGE
 
     cfg = mode_config(mode, args)
     tables = [TableSpec(f"t{i}", n, args.dim) for i, n in enumerate(data["table_rows"])]

@@ -52,8 +52,9 @@ from torchrec.optim.keyed import CombinedOptimizer  # noqa: E402
 
 import torchrec_frugal.torchrec.batch_planner as batch_planner  # noqa: E402
 import torchrec_frugal.torchrec.pipeline as frugal_pipeline  # noqa: E402
+from torchrec_frugal.control_record import Control  # noqa: E402
 from torchrec_frugal.engine import FrugalEngine  # noqa: E402
-from torchrec_frugal.gate import WAIT_GATE, Control  # noqa: E402
+from torchrec_frugal.metrics import WAIT_GATE  # noqa: E402
 from torchrec_frugal.torchrec.batch_planner import BatchPlanner  # noqa: E402
 from torchrec_frugal.torchrec.embedding_lookup import FrugalEmbeddingLookup  # noqa: E402
 from torchrec_frugal.torchrec.embedding_types import FrugalShardedModuleMixin  # noqa: E402

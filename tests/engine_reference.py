@@ -17,7 +17,7 @@ import torch
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine import FrugalEngine
 from torchrec_frugal.optimizers import apply_update, state_width
-from torchrec_frugal.priority_queue import INF
+from torchrec_frugal.priorities import INF
 from torchrec_frugal.step_plan import StepPlan
 from torchrec_frugal.workload import ZipfWorkload
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torchrec_frugal.gate import GRAD_ROWS, STAGED, Control, control_field
+from torchrec_frugal.control_record import GRAD_ROWS, STAGED, Control, control_field
 from torchrec_frugal.gradient_exchange import GradientExchange, sum_owned
 from torchrec_frugal.mailbox import Record, grads_layout
 from torchrec_frugal.shm import PREFIX, Layout, SharedSegment, new_run_id, owned_paths

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from torchrec_frugal.lookahead import LookaheadWindow
-from torchrec_frugal.priority_queue import INF
+from torchrec_frugal.priorities import INF
 
 
 class BruteWindow:

@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from torchrec_frugal.flusher import FlushCounts
-from torchrec_frugal.gate import WAIT_KINDS
-from torchrec_frugal.metrics import PHASES, StepRecorder
+from torchrec_frugal.metrics import PHASES, WAIT_KINDS, StepRecorder
 
 
 def test_a_step_is_recorded_once_then_the_counts_start_over() -> None:

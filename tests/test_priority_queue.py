@@ -5,15 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrec_frugal.priority_queue import (
-    INF,
-    HeapQueue,
-    PendingQueue,
-    TwoLevelQueue,
-    make_queue,
-)
+from torchrec_frugal.priorities import INF, QUEUE_KINDS
+from torchrec_frugal.priority_queue import HeapQueue, PendingQueue, TwoLevelQueue, make_queue
 
-KINDS = ["two_level", "heap"]
+KINDS = list(QUEUE_KINDS)
 
 
 def rows_of(*xs: int) -> np.ndarray:

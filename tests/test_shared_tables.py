@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from torchrec_frugal.config import FrugalConfig, TableSpec
+from torchrec_frugal.control_record import FLUSHED, PID, PUBLISHED, RUNNING, STAGED, STATUS
 from torchrec_frugal.errors import FrugalInputError
-from torchrec_frugal.gate import FLUSHED, PID, PUBLISHED, STAGED, STATUS, RUNNING
 from torchrec_frugal.local_group import LocalGroup
-from torchrec_frugal.priority_queue import INF
+from torchrec_frugal.priorities import INF
 from torchrec_frugal.shared_tables import init_host_tables, open_shared_tables
 from torchrec_frugal.shm import PREFIX, Field, Layout, SharedSegment, new_run_id
 

@@ -6,7 +6,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .priority_queue import QUEUE_KINDS
+from .priorities import QUEUE_KINDS
 OPTIMIZER_KINDS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
 HOST_PATHS = ("auto", "zero_copy", "pinned")
 

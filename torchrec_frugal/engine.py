@@ -41,10 +41,11 @@ import torch.distributed as dist
 
 from . import shm
 from .config import FrugalConfig, OptimizerSpec, TableSpec
+from .control_record import CLOSED, FAILED, FLUSHED, STATUS, UPDATED
 from .errors import FrugalError, FrugalInputError, RankLostError
 from .exchange_worker import ExchangeWorker
 from .flusher import Flusher
-from .gate import CLOSED, FAILED, FLUSHED, STATUS, UPDATED, WAIT_GATE, lagging_owners, sync
+from .gate import lagging_owners, sync
 from .fused_rows import FusedRows
 from .gradient_exchange import GradientExchange
 from .gradient_staging import GradientStaging
@@ -55,7 +56,7 @@ from .lookahead import LookaheadWindow
 from .lookahead_feed import LookaheadFeed
 from .lookahead_ring import LookaheadRing
 from .lookup_plan import plan_lookup
-from .metrics import StepMetrics, StepRecorder
+from .metrics import WAIT_GATE, StepMetrics, StepRecorder
 from .optimizers import state_width
 from .owner_cache import OwnerStore, ownership_from_presample
 from .owner_update import OwnerUpdate

@@ -22,11 +22,13 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
-from .gate import FLUSHED, Control, flushed_through
+from .control_record import FLUSHED, Control
+from .gate import flushed_through
 from .host_tables import HostTables
 from .lookahead import LookaheadWindow
 from .owner_cache import OwnerStore
-from .priority_queue import INF, PendingQueue
+from .priorities import INF
+from .priority_queue import PendingQueue
 from .streams import REACHED, Marker, Streams, to_device
 
 

@@ -1,37 +1,17 @@
-"""Per-rank progress counters in shared memory, and the waits built on them.
+"""The gate and the barriers, built on the progress counters of the control block.
 
-There is no central controller: each rank publishes how far it has got (grads staged, updates
-applied, host flushed through step t, lookahead published and ingested) in one shared int64
-block, and every wait reads those counters. The gate of step s is one such wait: it passes when
-every owner has applied the updates of step s - 1 and has no pending host write that step s reads.
-Waits watch the peers' pids and give up after a timeout, naming the rank at fault. Each wait
-names its kind, and the seconds waited add up per kind (what StepMetrics.wait_s reports).
+The gate of step s is a wait on the owners' counters (``control_record``): it passes when every
+owner has applied the updates of step s - 1 and has no pending host write that step s reads, which
+an owner's FLUSHED counter says (:func:`flushed_through`). The local ranks' barrier is a wait on
+their SYNC counters.
 """
 from __future__ import annotations
 
-import threading
-import time
-from typing import Callable, Dict, List, Optional
+from typing import List, Optional
 
-import numpy as np
-import torch
-
-from .errors import RankLostError
-from .priority_queue import INF
-from .shm import Field, pid_alive
-
-PID, STATUS, STAGED, UPDATED, FLUSHED, PUBLISHED, INGESTED, SYNC, CAUSE, RING_ROWS, GRAD_ROWS = range(11)
-NUM_FIELDS = 11  # CAUSE: 1 + the rank whose loss made this rank fail (its own rank otherwise)
-# RING_ROWS, GRAD_ROWS: the size of each rank's mailbox records (see mailbox.py)
-RUNNING, CLOSED, FAILED = 0, 1, 2
-
-# Kinds of wait (Control.wait's ``kind``; the keys of StepMetrics.wait_s).
-WAIT_GATE = "gate"  # the gate of a step: owners applied the previous step and flushed what it reads
-WAIT_EXCHANGE = "exchange"  # every rank staged its gradients of the step
-WAIT_PUBLISHED = "published"  # every rank published the lookahead of the step being updated
-WAIT_RING = "ring"  # the owners ingested the step a ring slot held, before it is reused
-WAIT_SYNC = "sync"  # a barrier of flush() and of checkpoint loads
-WAIT_KINDS = (WAIT_GATE, WAIT_EXCHANGE, WAIT_PUBLISHED, WAIT_RING, WAIT_SYNC)
+from .control_record import FLUSHED, SYNC, UPDATED, Control
+from .metrics import WAIT_SYNC
+from .priorities import INF
 
 
 def flushed_through(min_priority: Optional[int], last_ingested: int, inflight: Optional[int]) -> int:
@@ -50,110 +30,6 @@ def flushed_through(min_priority: Optional[int], last_ingested: int, inflight: O
     if inflight is not None:
         bound = min(bound, inflight)
     return bound
-
-
-def control_field(world_size: int) -> Field:
-    return Field("control", torch.int64, (world_size, NUM_FIELDS))
-
-
-class Control:
-    """Typed access to the shared counters; ``block[r, FIELD]``."""
-
-    def __init__(self, block: torch.Tensor, rank: int, timeout_s: float) -> None:
-        self.block = block.numpy()
-        self.rank = rank
-        self.world_size = self.block.shape[0]
-        self.timeout_s = timeout_s
-        self._waited = dict.fromkeys(WAIT_KINDS, 0.0)
-        self._waited_lock = threading.Lock()  # the training thread and the lookahead worker wait
-
-    def set(self, field: int, value: int) -> None:
-        self.block[self.rank, field] = value
-
-    def get(self, field: int) -> np.ndarray:
-        return self.block[:, field].copy()
-
-    def behind(self, field: int, step: int) -> List[int]:
-        """The ranks whose counter ``field`` is below ``step``."""
-        return [r for r, v in enumerate(self.get(field)) if v < step]
-
-    def wait(
-        self, kind: str, lagging: Callable[[], List[int]], what: str, idle: Optional[Callable[[], bool]] = None
-    ) -> float:
-        """Block until ``lagging()`` is empty; returns seconds waited, also added to ``kind``'s total.
-
-        ``idle`` is called between polls and returns True if it did useful work (then we poll
-        again at once). Raises RankLostError if a rank we wait for died, failed or closed, or if
-        nothing changed for ``timeout_s``.
-        """
-        waited = self._wait(lagging, what, idle)
-        with self._waited_lock:
-            self._waited[kind] += waited
-        return waited
-
-    def take_waited(self) -> Dict[str, float]:
-        """Seconds waited per kind (WAIT_KINDS) since the previous call."""
-        with self._waited_lock:
-            waited, self._waited = self._waited, dict.fromkeys(WAIT_KINDS, 0.0)
-        return waited
-
-    def _wait(self, lagging: Callable[[], List[int]], what: str, idle: Optional[Callable[[], bool]]) -> float:
-        t0 = time.perf_counter()
-        waiting = lagging()
-        if not waiting:
-            return 0.0
-        sleep = 20e-6
-        last_check = t0
-        deadline = t0 + self.timeout_s
-        while waiting:
-            if idle is not None and idle():
-                sleep = 20e-6
-            else:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, 1e-3)
-            now = time.perf_counter()
-            if now - last_check > 0.1:
-                last_check = now
-                self._check_peers(waiting, what)
-                if now > deadline:
-                    raise RankLostError(
-                        f"rank {self.rank} waited {self.timeout_s:.0f} s for {what}; "
-                        f"rank(s) {waiting} made no progress (timeout_s={self.timeout_s})",
-                        lost_rank=waiting[0],
-                    )
-            waiting = lagging()
-        return time.perf_counter() - t0
-
-    def fail(self, cause_rank: int) -> None:
-        """Mark this rank failed, recording which rank's loss caused it (for the peers' messages)."""
-        self.block[self.rank, CAUSE] = cause_rank + 1
-        self.block[self.rank, STATUS] = FAILED
-
-    def _check_peers(self, waiting: List[int], what: str) -> None:
-        status = self.get(STATUS)
-        pids = self.get(PID)
-        others = [r for r in range(self.world_size) if r != self.rank]
-        # A dead process is the root cause; report it before the ranks that failed because of it.
-        for r in others:
-            if status[r] != CLOSED and not pid_alive(int(pids[r])):
-                raise RankLostError(
-                    f"rank {r} (pid {pids[r]}) is gone (killed or exited) while rank {self.rank} waited for {what}",
-                    lost_rank=r,
-                )
-        for r in others:
-            if status[r] == FAILED:
-                cause = int(self.block[r, CAUSE]) - 1
-                if 0 <= cause != r:
-                    raise RankLostError(
-                        f"rank {cause} (pid {pids[cause]}) was lost (reported by rank {r}) while rank {self.rank} "
-                        f"waited for {what}",
-                        lost_rank=cause,
-                    )
-                raise RankLostError(f"rank {r} (pid {pids[r]}) failed while rank {self.rank} waited for {what}", lost_rank=r)
-            if r in waiting and status[r] == CLOSED:
-                raise RankLostError(
-                    f"rank {r} (pid {pids[r]}) closed its engine while rank {self.rank} waited for {what}", lost_rank=r
-                )
 
 
 def lagging_owners(control: Control, step: int) -> List[int]:

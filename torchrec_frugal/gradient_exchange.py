@@ -13,9 +13,10 @@ from typing import Callable, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .gate import STAGED, WAIT_EXCHANGE, Control
+from .control_record import STAGED, Control
 from .int_sort import merge_unique
 from .mailbox import Record
+from .metrics import WAIT_EXCHANGE
 from .shm import SharedSegment
 from .streams import Marker
 

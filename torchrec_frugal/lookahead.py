@@ -18,7 +18,7 @@ from typing import Deque, Tuple
 
 import numpy as np
 
-from .priority_queue import INF
+from .priorities import INF
 
 
 class LookaheadWindow:

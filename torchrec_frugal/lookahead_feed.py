@@ -23,14 +23,15 @@ from typing import Callable, Deque, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from .control_record import INGESTED, PUBLISHED, Control
 from .errors import FrugalError, FrugalInputError
 from .exchange_worker import ExchangeWorker
 from .flusher import Flusher
-from .gate import INGESTED, PUBLISHED, WAIT_PUBLISHED, Control
 from .lookahead import LookaheadWindow
 from .lookahead_ring import LookaheadRing
 from .lookahead_worker import LookaheadWorker
-from .priority_queue import INF
+from .metrics import WAIT_PUBLISHED
+from .priorities import INF
 
 
 class LookaheadFeed:

@@ -17,10 +17,11 @@ from typing import Callable, List, Optional
 import numpy as np
 import torch
 
+from .control_record import INGESTED, PUBLISHED, Control
 from .errors import FrugalError
-from .gate import INGESTED, PUBLISHED, WAIT_RING, Control
 from .int_sort import union_sorted, unique_sorted
 from .mailbox import Record
+from .metrics import WAIT_RING
 
 
 class LookaheadRing:

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional
 import torch
 
 from .errors import FrugalError
-from .gate import Control
+from .control_record import Control
 from .shm import Field, Layout, SharedMemoryFullError, SharedSegment
 
 

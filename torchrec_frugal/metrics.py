@@ -1,17 +1,37 @@
-"""Per-step measurements of the Frugal mechanism."""
+"""Per-step measurements of the Frugal mechanism, and the names they are kept under.
+
+Every layer records into these (the control block's waits, the flushers' counts, the engine's
+phases), so this module imports none of them.
+"""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Protocol
 
 import numpy as np
 
-from .flusher import FlushCounts
-from .gate import WAIT_KINDS
-
 PHASES = ("announce", "lookup", "exchange", "update", "bookkeeping", "flush")
 """Where a rank's training thread spends its engine time in one step (see StepMetrics.phase_s)."""
+
+# Kinds of wait (Control.wait's ``kind``; the keys of StepMetrics.wait_s).
+WAIT_GATE = "gate"  # the gate of a step: owners applied the previous step and flushed what it reads
+WAIT_EXCHANGE = "exchange"  # every rank staged its gradients of the step
+WAIT_PUBLISHED = "published"  # every rank published the lookahead of the step being updated
+WAIT_RING = "ring"  # the owners ingested the step a ring slot held, before it is reused
+WAIT_SYNC = "sync"  # a barrier of flush() and of checkpoint loads
+WAIT_KINDS = (WAIT_GATE, WAIT_EXCHANGE, WAIT_PUBLISHED, WAIT_RING, WAIT_SYNC)
+
+
+class FlushedSince(Protocol):
+    """What a step's metrics read of an owner's flushes since the previous step (flusher.FlushCounts)."""
+
+    rows: int
+    bytes: int
+    train_thread_s: float
+    flusher_thread_s: float
+    queue_depth: np.ndarray
+    pending_rows: int
 
 
 @dataclass
@@ -32,7 +52,7 @@ class StepMetrics:
         this thread if the background has not, retiring the step, queueing the host writes
         with their priorities), flush (writing the rows the next step reads from host).
     wait_s: seconds waited on other ranks since the previous step's metrics, by kind
-        (gate.WAIT_KINDS): gate, exchange (gradients staged), published (the lookahead of the
+        (WAIT_KINDS): gate, exchange (gradients staged), published (the lookahead of the
         step being updated), ring (a lookahead slot freed; on the lookahead worker's thread when
         there is one), sync (barriers of flush() and checkpoint loads).
     train_thread_flush_s / flusher_thread_flush_s: seconds spent copying chunks to host since the
@@ -79,7 +99,7 @@ class StepRecorder:
     def add(self, phase: str, seconds: float) -> None:
         self.phase_s[phase] += seconds
 
-    def finish(self, step: int, flushed: FlushCounts, dynamic_rows: int, wait_s: Dict[str, float]) -> StepMetrics:
+    def finish(self, step: int, flushed: FlushedSince, dynamic_rows: int, wait_s: Dict[str, float]) -> StepMetrics:
         """The step's metrics; phases and lookups start again from zero."""
         m = StepMetrics(
             step=step,

@@ -26,10 +26,9 @@ import heapq
 
 import numpy as np
 
-__all__ = ["INF", "PendingQueue", "TwoLevelQueue", "HeapQueue", "make_queue", "QUEUE_KINDS"]
+from .priorities import INF, QUEUE_KINDS
 
-INF: int = int(np.iinfo(np.int64).max)
-"""Priority of rows with no read inside the lookahead window."""
+__all__ = ["PendingQueue", "TwoLevelQueue", "HeapQueue", "make_queue"]
 
 _ABSENT = -1
 _INITIAL_CAPACITY = 64
@@ -422,13 +421,13 @@ class HeapQueue(PendingQueue):
             heapq.heapify(self._heap)
 
 
-QUEUE_KINDS: dict[str, type[PendingQueue]] = {"two_level": TwoLevelQueue, "heap": HeapQueue}
+_QUEUES: dict[str, type[PendingQueue]] = {"two_level": TwoLevelQueue, "heap": HeapQueue}  # one per QUEUE_KINDS
 
 
 def make_queue(kind: str, num_rows: int, lookahead: int) -> PendingQueue:
     """Build the queue named by ``kind`` (``"two_level"`` or ``"heap"``)."""
     try:
-        cls = QUEUE_KINDS[kind]
+        cls = _QUEUES[kind]
     except KeyError:
         valid = sorted(QUEUE_KINDS)
         raise ValueError(f"unknown queue kind {kind!r}; valid kinds: {valid}") from None

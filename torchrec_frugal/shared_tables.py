@@ -18,8 +18,7 @@ from tqdm import tqdm
 
 from . import shm
 from .config import FrugalConfig, TableSpec
-from .errors import FrugalInputError
-from .gate import (
+from .control_record import (
     FLUSHED,
     GRAD_ROWS,
     INGESTED,
@@ -34,10 +33,11 @@ from .gate import (
     Control,
     control_field,
 )
+from .errors import FrugalInputError
 from .host_memory import check_fits
 from .local_group import LocalGroup
 from .mailbox import Record, grads_layout, keep_ring, ring_layout
-from .priority_queue import INF
+from .priorities import INF
 
 InitWeights = Union[Sequence[torch.Tensor], Callable[[int, torch.Tensor], None], None]
 """Initial weights: one tensor per table, a function ``(table index, host view)``, or None

@@ -22,7 +22,7 @@ negatives.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.fx
@@ -257,7 +257,8 @@ class RelationTable(nn.Module):
     touches a few hundred of them: an untouched row has a zero gradient, which leaves it and its
     Adagrad sum as they were. Here the backward sums each row's gradient on the union of the ranks'
     relation ids, divides it by the world size and all-reduces it (as DDP does, on those rows
-    alone), then applies Adagrad's operations to those rows: the table trains as the dense one.
+    alone), then applies Adagrad's operations to those rows: the table trains as the dense one. The
+    ranks' ids are gathered while the forward and backward go on, started by the lookup.
     ``weight`` and the Adagrad ``sum`` are buffers, so they are checkpointed with the model.
     """
 
@@ -271,20 +272,24 @@ class RelationTable(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return lookup_relations(self, ids)
 
+    def gather_ids(self, ids: torch.Tensor) -> Tuple[Optional[dist.Work], List[torch.Tensor]]:
+        """Start gathering every rank's ``ids`` (a step's rows are their union), to finish in :meth:`step`."""
+        if self.group is None or dist.get_world_size(self.group) == 1:
+            return None, [ids]
+        everyone = [torch.empty_like(ids) for _ in range(dist.get_world_size(self.group))]
+        return dist.all_gather(everyone, ids, group=self.group, async_op=True), everyone
+
     @torch.no_grad()
-    def step(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
-        """Adagrad on the rows of every rank's ``ids``, with the gradient ``grad`` of this rank's lookups."""
-        world = 1 if self.group is None else dist.get_world_size(self.group)
-        if world > 1:
-            everyone = [torch.empty_like(ids) for _ in range(world)]
-            dist.all_gather(everyone, ids, group=self.group)
-            rows = torch.unique(torch.cat(everyone))
-        else:
-            rows = torch.unique(ids)
+    def step(self, ids: torch.Tensor, grad: torch.Tensor, gathered: Tuple[Optional[dist.Work], List[torch.Tensor]]) -> None:
+        """Adagrad on the rows of every rank's ids (``gathered``), with the gradient ``grad`` of this rank's ``ids``."""
+        work, everyone = gathered
+        if work is not None:
+            work.wait()
+        rows = torch.unique(torch.cat(everyone))
         g = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
         g.index_add_(0, torch.searchsorted(rows, ids), grad)
-        if world > 1:
-            g.div_(world)
+        if work is not None:
+            g.div_(len(everyone))
             dist.all_reduce(g, group=self.group)
         state = self.sum.index_select(0, rows).addcmul_(g, g, value=1)
         weight = self.weight.index_select(0, rows).addcdiv_(g, state.sqrt().add_(self.eps), value=-self.lr)
@@ -299,13 +304,14 @@ class _RelationRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, table: RelationTable, ids: torch.Tensor, trigger: torch.Tensor) -> torch.Tensor:
         ctx.table = table
+        ctx.gathered = table.gather_ids(ids) if trigger.requires_grad else None  # under way while the step goes on
         ctx.save_for_backward(ids)
         return table.weight.index_select(0, ids)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None]:
         (ids,) = ctx.saved_tensors
-        ctx.table.step(ids, grad.contiguous())
+        ctx.table.step(ids, grad.contiguous(), ctx.gathered)
         return None, None, None
 
 

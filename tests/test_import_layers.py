@@ -1,0 +1,138 @@
+"""Imports run one way: TorchRec glue -> estimate -> engine -> host layer -> base.
+
+Every module of the package is assigned a layer below; a module may import modules of its own
+layer or of a lower one, never of a higher one, and the package has no import cycle. The sources
+are parsed with ``ast`` (nothing is imported), every import counting wherever it is (module
+level, a function, ``if TYPE_CHECKING:``), as in ``tests/test_imports.py``. A new module must be
+given its layer here.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Callable, Dict, List, Optional, Tuple
+
+from test_imports import PACKAGE, ROOT, find_cycle, import_graph, imports, modules, package_sources
+
+LAYERS = ("base", "host", "engine", "estimate", "torchrec")
+
+# Module (or package, for all of its modules) -> layer; names relative to the package.
+LAYER_OF: Dict[str, str] = {
+    # base: configuration, errors, row ids and the names every layer records under
+    "config": "base",
+    "errors": "base",
+    "fused_rows": "base",
+    "int_sort": "base",
+    "metrics": "base",
+    "presample": "base",
+    "priorities": "base",
+    "stack": "base",
+    # host: shared memory, host memory, ranks of this machine
+    "control_record": "host",
+    "host_memory": "host",
+    "host_registration": "host",
+    "host_rows": "host",
+    "launch": "host",
+    "local_group": "host",
+    "mailbox": "host",
+    "shared_tables": "host",
+    "shm": "host",
+    # engine: the mechanism
+    "engine": "engine",
+    "exchange_worker": "engine",
+    "flusher": "engine",
+    "gate": "engine",
+    "gradient_exchange": "engine",
+    "gradient_staging": "engine",
+    "host_tables": "engine",
+    "lookahead": "engine",
+    "lookahead_feed": "engine",
+    "lookahead_ring": "engine",
+    "lookahead_worker": "engine",
+    "lookup_plan": "engine",
+    "optimizers": "engine",
+    "owner_cache": "engine",
+    "owner_update": "engine",
+    "priority_queue": "engine",
+    "step_plan": "engine",
+    "streams": "engine",
+    # estimate: the cost model, its hardware profiles and measured inputs
+    "calibrate": "estimate",
+    "cost_model": "estimate",
+    "datasets": "estimate",
+    "estimate": "estimate",
+    "measure": "estimate",
+    "profiles": "estimate",
+    "workload": "estimate",
+    # torchrec: the glue, and the package's entry point (it loads the glue)
+    "": "torchrec",
+    "torchrec": "torchrec",
+}
+
+
+def package_layer_of(name: str) -> Optional[str]:
+    """The layer of module ``name`` (dotted, from the package down): its own entry, else its
+    nearest enclosing package's; None if it has none."""
+    rel = name[len(PACKAGE) + 1 :] if name != PACKAGE else ""
+    parts = rel.split(".") if rel else []
+    for n in range(len(parts), -1, -1):
+        key = ".".join(parts[:n])
+        if key in LAYER_OF and (n > 0 or not parts):
+            return LAYER_OF[key]
+    return None
+
+
+def layer_violations(
+    sources: Dict[str, Tuple[str, bool]], layer_of: Callable[[str], Optional[str]]
+) -> List[str]:
+    """Each import of a module of a higher layer, as 'module (layer):line imports target (layer)'
+    (once per import statement and target)."""
+    known = set(sources)
+    found: List[str] = []
+    for name, (source, is_package) in sorted(sources.items()):
+        own = layer_of(name)
+        if own is None:
+            continue
+        for target, line, _ in imports(ast.parse(source), name, is_package, known):
+            theirs = layer_of(target) if target in known else None
+            what = f"{name} ({own}):{line} imports {target} ({theirs})"
+            if theirs is not None and LAYERS.index(theirs) > LAYERS.index(own) and what not in found:
+                found.append(what)
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = [str(p.relative_to(ROOT)) for m, p in modules().items() if package_layer_of(m) is None]
+    assert not missing, "modules without a layer (add them to LAYER_OF):\n" + "\n".join(missing)
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    found = layer_violations(package_sources(), package_layer_of)
+    assert not found, "imports against the layers " + " < ".join(LAYERS) + ":\n" + "\n".join(found)
+
+
+def test_no_import_cycle() -> None:
+    cycle = find_cycle(import_graph(package_sources()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+# ---------------------------------------------------------------------- the checks can fail
+SYNTHETIC = {
+    "pkg": ("", True),
+    "pkg.low": ("def f():\n    from .high import g\n", False),
+    "pkg.high": ("from pkg import low\n", False),
+    "pkg.mid": ("from . import low\n", False),
+}
+SYNTHETIC_LAYERS = {"pkg": "torchrec", "pkg.low": "base", "pkg.mid": "host", "pkg.high": "engine"}
+
+
+def test_an_upward_import_and_a_cycle_are_found() -> None:
+    assert layer_violations(SYNTHETIC, SYNTHETIC_LAYERS.get) == ["pkg.low (base):2 imports pkg.high (engine)"]
+    assert find_cycle(import_graph(SYNTHETIC)) == ["pkg.high", "pkg.low", "pkg.high"]
+
+
+def test_layers_come_from_the_nearest_package() -> None:
+    assert package_layer_of(PACKAGE) == "torchrec"
+    assert package_layer_of(f"{PACKAGE}.cost_model.frugal") == "estimate"
+    assert package_layer_of(f"{PACKAGE}.torchrec.embedding_lookup") == "torchrec"
+    assert package_layer_of(f"{PACKAGE}.gate") == "engine"
+    assert package_layer_of(f"{PACKAGE}.no_such_module") is None

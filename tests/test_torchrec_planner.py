@@ -5,6 +5,7 @@ collective_plan is exercised by tests/test_torchrec_distributed.py.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional
 
 import pytest
@@ -268,3 +269,34 @@ def test_the_lookahead_goes_into_copies_never_into_the_script_s_sharders() -> No
         assert type(out) is type(sharder) and out is not sharder and out.config.lookahead == 2
         assert sharder.config is config and config.lookahead == 7
     assert with_lookahead(ebc, 7) is ebc and with_lookahead(ebc, None) is ebc
+
+
+def test_torchrec_prices_a_frugal_shard_with_the_cost_model() -> None:
+    """FrugalPerfEvaluator on a hand-computed case: uniform ids over N rows, W ranks, n ids per rank,
+    no cache, L = 10 (FrugalConfig's default), dim 16 (64-byte rows, 68 with row-wise state: one
+    128-byte line in device memory and in host writes), TorchRec's bandwidths per millisecond."""
+    from torchrec.distributed.planner.estimator.types import HardwarePerfConfig, ShardPerfContext
+
+    from torchrec_frugal.torchrec.patches import FrugalPerfEvaluator
+
+    N, W, n, dev, link = 1000, 2, 64, 1000.0, 10.0
+    ctx = ShardPerfContext(sharding_type="frugal", compute_kernel="fused", hash_size=N // W, emb_dim=16,
+                           batch_sizes=[n], num_poolings=[1.0], input_lengths=[1.0], world_size=W,
+                           device_bw=dev, hbm_to_ddr_mem_bw=link, caching_ratio=0.0)  # fmt: skip
+    perf = FrugalPerfEvaluator().compute_perf(ctx, HardwarePerfConfig())
+
+    def touched(d: float) -> float:
+        return 1.0 - (1.0 - 1.0 / N) ** d
+
+    u1, owned = N * touched(n), N * touched(W * n) / W  # a rank's distinct rows; an owner's rows
+    u, q = touched(W * n), touched((W - 1) * n)
+    inline = N * u * q / W  # rows due at the next step (L >= 1), every row host-resident
+    # forward: every distinct row from host (no cache), then the owner's uncached rows with their state
+    assert perf.fwd_compute == pytest.approx(u1 * 64 / link + owned * 68 / link)
+    assert perf.fwd_comms == 0.0
+    # backward: the owner's update in device memory, the rows due next step written to host
+    assert perf.bwd_compute == pytest.approx(2 * owned * 128 / dev + inline * 128 / link)
+    # gradients: device to host, staged and read through host memory (ids beside), the owned sums back
+    assert perf.bwd_comms == pytest.approx((u1 * 64 + 2 * u1 * (64 + 8) + owned * 64) / link)
+    cached = FrugalPerfEvaluator().compute_perf(replace(ctx, caching_ratio=0.5), HardwarePerfConfig())
+    assert cached.fwd_compute < perf.fwd_compute  # a rank's cached rows come from device memory

@@ -13,7 +13,7 @@ By job: :mod:`.workload` (what is priced), :mod:`.traffic` (rows per step), :mod
 :mod:`.search` (plans of least predicted step). No TorchRec import here: the planner integration
 (``torchrec_frugal.torchrec``) calls into this.
 """
-from .frugal import FrugalCost
+from .frugal import TABLE_TERMS, FrugalCost, frugal_table_terms
 from .model import DEVICE_TERMS, HOST_TERMS, CostModel
 from .primitives import Primitives, assign_tables
 from .search import (
@@ -70,5 +70,5 @@ __all__ = [
     "CostTable", "DenseModel", "FrugalCost", "Plan", "PlanChoice", "Primitives", "RowDistribution", "StepCost",
     "StockCost", "TableTraffic", "UvmCost", "Workload", "assign_tables", "choose_plan", "flush_rate", "frugal_kind",
     "planner_shardings", "predict_all", "recommend_frugal", "recommend_stock", "shardings_for", "split_choice",
-    "table_traffic", "uvm_cache",
+    "table_traffic", "uvm_cache", "TABLE_TERMS", "frugal_table_terms",
 ]  # fmt: skip

@@ -11,6 +11,42 @@ from .traffic import TableTraffic, table_traffic
 from .workload import F32, INDEX_BYTES, LENGTH_BYTES, Plan, Workload
 
 
+TABLE_TERMS = ("embedding_lookup", "host_reads", "embedding_update", "gradient_exchange", "flush_inline", "flushers")
+"""What one frugal table adds to its engine's step (``flushers``: beside it, on the flusher threads)."""
+
+
+def frugal_table_terms(
+    p: Primitives, x: TableTraffic, world: int, row_bytes: float, state_bytes: float
+) -> Dict[str, Tuple[float, ...]]:
+    """One frugal table's seconds on one rank of an engine of ``world`` ranks, by :data:`TABLE_TERMS`
+    (each term's parts in the order they add up). The one price of a frugal table: the cost model
+    sums it over a plan's frugal tables, TorchRec's perf model takes it for a frugal shard
+    (``torchrec.patches.FrugalPerfEvaluator``).
+
+    Device lookups of the rank's cached rows, host reads of its other distinct rows, the owner's
+    update of its rows (on an accelerator, uncached ones first brought into dynamic slots),
+    gradients staged through host memory to their owners, and the flushes: the rows due next step
+    on the training thread, the rest on the flushers (on a CPU device, which has no flusher thread,
+    all on the training thread)."""
+    hw, rb, sf = p.hw, row_bytes, state_bytes
+    owned = x.unique_all / world
+    reads: Tuple[float, ...] = (p.host_read(x.host_rows, rb),)
+    if not hw.device_is_host:
+        reads += (p.host_read(x.owned_fresh_rows, rb + sf),)
+    if hw.device_is_host:
+        inline, background = (p.host_write(x.flushed_rows, rb + sf),), ()
+    else:
+        inline, background = (p.host_write(x.inline_rows, rb + sf),), (p.host_write(x.flushed_rows - x.inline_rows, rb + sf),)
+    return {
+        "embedding_lookup": (p.device_gather(x.unique_rank - x.host_rows, rb) + x.ids * hw.frugal_id_s,),
+        "host_reads": reads,
+        "embedding_update": (p.device_gather(owned, rb + sf) + p.device_scatter(owned, rb + sf),),
+        "gradient_exchange": (p.d2h(x.unique_rank * rb) + 2 * p.memcpy(x.unique_rank * (rb + INDEX_BYTES)) + p.h2d(owned * rb),),
+        "flush_inline": inline,
+        "flushers": background,
+    }
+
+
 class FrugalCost:
     """The frugal tables of a plan: their engine's terms, memory and threads beside the step."""
 
@@ -29,26 +65,14 @@ class FrugalCost:
         hw = self.hw
         sf = w.state_floats_per_row * F32
         terms: Dict[str, float] = {}
-        lookup = reads = update = exchange = inline = background = mem = 0.0
+        sums = dict.fromkeys(TABLE_TERMS, 0.0)
+        mem = 0.0
         for t, x in zip(w.tables, tr):
-            rb = t.dim * F32
-            # the rank's own cached rows from its device memory (each distinct row once), the rest from host
-            lookup += p.device_gather(x.unique_rank - x.host_rows, rb) + x.ids * hw.frugal_id_s
-            reads += p.host_read(x.host_rows, rb)
-            owned = x.unique_all / W
-            if hw.device_is_host:
-                update += p.device_gather(owned, rb + sf) + p.device_scatter(owned, rb + sf)
-            else:  # uncached owned rows come into dynamic slots (weights and state) before the update
-                reads += p.host_read(x.owned_fresh_rows, rb + sf)
-                update += p.device_gather(owned, rb + sf) + p.device_scatter(owned, rb + sf)
-            # stage this rank's rows + gradients, the owners read theirs from every rank's mailbox
-            exchange += p.d2h(x.unique_rank * rb) + 2 * p.memcpy(x.unique_rank * (rb + INDEX_BYTES)) + p.h2d(owned * rb)
-            if hw.device_is_host:  # no flusher thread on a CPU device (FrugalConfig.flush_workers): all inline
-                inline += p.host_write(x.flushed_rows, rb + sf)
-            else:
-                inline += p.host_write(x.inline_rows, rb + sf)
-                background += p.host_write(x.flushed_rows - x.inline_rows, rb + sf)
-            mem += int(plan.cache_ratio * t.rows + 1e-9) * (rb + sf)
+            for k, parts in frugal_table_terms(p, x, W, t.dim * F32, sf).items():
+                for v in parts:
+                    sums[k] += v
+            mem += int(plan.cache_ratio * t.rows + 1e-9) * (t.dim * F32 + sf)
+        lookup, reads, update, exchange, inline, background = (sums[k] for k in TABLE_TERMS)
         unique = sum(x.unique_rank for x in tr)
         terms["embedding_lookup"] = lookup
         terms["host_reads"] = reads

@@ -36,12 +36,14 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator import estimator as perf_estimator
 from torchrec.distributed.planner.estimator.estimator import DataParallelEvaluator
 from torchrec.distributed.planner.estimator.types import HardwarePerfConfig, ShardPerfContext
-from torchrec.distributed.planner.types import PartitionByType, Storage
+from torchrec.distributed.planner.types import PartitionByType, Perf, Storage
 from torchrec.distributed.types import ShardingType
 
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from ..config import FrugalConfig, OptimizerSpec
+from ..cost_model import CostTable, DenseModel, Plan, Primitives, RowDistribution, Workload, frugal_table_terms, table_traffic
+from ..profiles import link_profile
 from ..optimizers import state_width
 from .checkpoint import row_layout
 from .sharding_choice import frugal_first
@@ -81,15 +83,12 @@ _SHA256_1_8 = {
 # The HASHED privates of 1.8.0; torch's are the same source in torch 2.13.0 and 2.14.1.
 _SEBC_INIT = "torchrec.distributed.embeddingbag.ShardedEmbeddingBagCollection._initialize_torch_state"
 _SEC_INIT = "torchrec.distributed.embedding.ShardedEmbeddingCollection._initialize_torch_state"
-_EVALUATOR = "torchrec.distributed.planner.estimator.estimator.EmbeddingShardingPerfEvaluator"
 _PRIVATES_1_8 = {
     _SEBC_INIT: "572a09c740aa7da839a9a1899d893740ca4399311ba5011790561e7f92adfd77",
     _SEC_INIT: "432f517c3f102f98aee355f1a5dd9716e8102cb156c2f112d3c5e556e2e89723",
     "torch.nn.Module._register_state_dict_hook": "e58ff985b035ff3ebd187a688ea81a6252e983fc0578a1112ec099a56253fd53",
     "torch.nn.Module._register_load_state_dict_pre_hook": "b05194fb62978cea5a81560b761ee2afd5cf2ac50341b6b8c40caac32bae58d7",
     "torchrec.optim.optimizers.in_backward_optimizer_filter": "cb4e4b53018f9c808df3500a3ab4beb8ab66044f94c5f434ab53da9ca436b752",
-    f"{_EVALUATOR}._get_device_bw": "6949d039e4c132e20d4e08270300c00d44439dc818cf5db92703ce52b87a9206",
-    f"{_EVALUATOR}._default_bwd_comms": "7daec468235cf192f652f90938ca95ca2a61c7b679ff18a83ca30f4e63c4740d",
     "torch.distributed._shard.sharded_tensor.ShardedTensor._init_from_local_shards_and_global_metadata": (
         "46972e65a59e0b44960424063ff3adbf229ba3b747626965ff82c05aa892109f"
     ),
@@ -340,26 +339,33 @@ def _fp_compute_kernels(original: Callable[..., List[str]]) -> Callable[..., Lis
 
 
 class FrugalPerfEvaluator(DataParallelEvaluator):
-    """Per-rank cost of a frugal table in TorchRec's perf model.
-
-    Lookups and pooling cover the rank's own batch (as data_parallel), but only the rows in the
-    rank's cache are read at device bandwidth; the rest cross PCIe from host memory. Backward
-    sends the batch's row gradients to their owners through host memory; the owners' host writes
-    run in the background and are not on the critical path. No all-to-all, no all-reduce.
+    """Per-rank cost of a frugal shard in TorchRec's perf model: the cost model's price of one frugal
+    table (:func:`torchrec_frugal.cost_model.frugal_table_terms`, which FrugalShardingPlanner's choice
+    sums over a plan), on the bandwidths TorchRec gives the shard (device memory; the host link at
+    most the device's), with the shard's cache ratio and ids spread evenly over the table's rows
+    (TorchRec's perf model knows no distribution; row-wise Adagrad state). Lookups and host reads
+    are the forward; the owners' updates and the flushes due next step the backward; the gradients
+    to the owners its communication; the other flushes run beside the step. No all-to-all, no
+    all-reduce. Times come out in TorchRec's unit: its bandwidths are per millisecond.
     """
 
-    def _cached_fraction(self, ctx: ShardPerfContext) -> float:
+    def compute_perf(self, ctx: ShardPerfContext, config: HardwarePerfConfig) -> Perf:
+        world = max(1, ctx.world_size)
+        rows = max(1, ctx.hash_size * world)  # a frugal shard is one rank's row block of the table
         ratio = ctx.caching_ratio if ctx.caching_ratio is not None else FrugalConfig().cache_ratio
-        return min(1.0, max(0.0, ratio))
-
-    def _get_device_bw(self, ctx: ShardPerfContext, config: HardwarePerfConfig) -> float:
-        h = self._cached_fraction(ctx)
-        pcie = min(ctx.hbm_to_ddr_mem_bw, ctx.device_bw)
-        return 1.0 / (h / ctx.device_bw + (1.0 - h) / pcie)
-
-    def _default_bwd_comms(self, ctx: ShardPerfContext, config: HardwarePerfConfig) -> float:
-        grads = ctx.batch_inputs * ctx.emb_dim * ctx.table_data_type_size
-        return grads * (1.0 - self._cached_fraction(ctx)) / min(ctx.hbm_to_ddr_mem_bw, ctx.device_bw)
+        plan = Plan(FRUGAL, cache_ratio=min(1.0, max(0.0, ratio)), lookahead=FrugalConfig().lookahead)
+        table = CostTable("shard", rows, ctx.emb_dim, RowDistribution.uniform(rows), pooling=ctx.batch_inputs)
+        workload = Workload((table,), DenseModel(0.0, 0, 0), batch_size=1, world_size=world)
+        p = Primitives(link_profile(ctx.device_bw, min(ctx.hbm_to_ddr_mem_bw, ctx.device_bw)), world)
+        row_bytes = ctx.emb_dim * ctx.table_data_type_size
+        x = table_traffic(table, workload, plan, device_is_host=False)
+        t = {k: sum(v) for k, v in frugal_table_terms(p, x, world, row_bytes, ctx.table_data_type_size).items()}
+        return Perf(
+            fwd_compute=t["embedding_lookup"] + t["host_reads"],
+            fwd_comms=0.0,
+            bwd_compute=t["embedding_update"] + t["flush_inline"],
+            bwd_comms=t["gradient_exchange"],
+        )
 
 
 PATCHES: List[Patch] = [
@@ -408,8 +414,6 @@ _PLANNER = "torchrec.distributed.planner.planners.EmbeddingShardingPlanner"
 
 _PRIVATES: List[Private] = [
     Private(_SEBC_INIT, HASHED, "embedding_types: registers the frugal state-dict hooks"),
-    Private(f"{_EVALUATOR}._get_device_bw", HASHED, "patches: FrugalPerfEvaluator prices cold rows at the host link"),
-    Private(f"{_EVALUATOR}._default_bwd_comms", HASHED, "patches: FrugalPerfEvaluator prices gradients to the owners"),
     Private(_SEC_INIT, HASHED, "embedding_types: as above (no argument in 1.6)"),
     Private(f"{_SEBC}._lookups", ASSIGNED, "embedding_types: frugal_lookups() picks the frugal lookups"),
     Private(f"{_SEC}._lookups", ASSIGNED, "embedding_types: as above"),

@@ -9,7 +9,10 @@ all-to-alls' latencies, and the ranks contend for the host's cores as a whole. P
 these terms would be counted once per table or not at all. So the planner asks the cost model
 for the whole plan (:func:`torchrec_frugal.cost_model.choose_plan`: a local search over per-table
 shardings, each move priced by the mixed plan's predicted step), constrains every free table to
-its choice, and lets TorchRec's planner place the shards and check memory as usual.
+its choice, and lets TorchRec's planner place the shards and check memory as usual: TorchRec's
+proposers then see one sharding type per free table, and its perf model prices a frugal shard
+with the same per-table function (``cost_model.frugal_table_terms``, via
+``patches.FrugalPerfEvaluator``).
 
 The workload handed to the cost model comes from the module and the planner's inputs: the
 tables of the sharded modules (rows, dim; ids per sample from the constraints' pooling factors,

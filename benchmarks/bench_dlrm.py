@@ -73,7 +73,7 @@ def variant(vid: str, label: str, kind: str, batch: int, nproc: int, args: List[
 
 def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: float = DEFAULT_CACHE,
                    queue: str = "two_level", flushers: Optional[int] = DEFAULT_FLUSHERS, suffix: str = "",
-                   planner: str = "thread", lookahead_worker: str = "auto") -> Dict[str, Any]:  # fmt: skip
+                   planner: str = "thread") -> Dict[str, Any]:  # fmt: skip
     parts = []
     if lookahead != DEFAULT_L:
         parts.append(f"L{lookahead}")
@@ -85,13 +85,10 @@ def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: fl
         parts.append(f"fw{flushers}")
     if planner != "thread":
         parts.append(f"planner_{planner}")
-    if lookahead_worker != "auto":
-        parts.append(f"lw_{lookahead_worker}")
     vid = "_".join(["frugal"] + parts) + suffix
     label = (f"frugal (cache {cache:g}, L={lookahead}" + (", heap queue" if queue == "heap" else "")
              + (f", {flushers} flusher threads" if flushers != DEFAULT_FLUSHERS else "")
-             + (f", planner {planner}, exchange inline" if planner != "thread" else "")
-             + (f", lookahead worker {lookahead_worker}" if lookahead_worker != "auto" else "") + ")")  # fmt: skip
+             + (f", planner {planner}" if planner != "thread" else "") + ")")  # fmt: skip
     if lookahead == 0:
         label += " write-through"
     args = ["--sharder", "frugal", "--cache-ratio", f"{cache:g}", "--lookahead", str(lookahead)]
@@ -99,12 +96,10 @@ def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: fl
         args += ["--queue", queue]
     if flushers != DEFAULT_FLUSHERS:
         args += ["--flush-workers", str(flushers)]
-    if planner != "thread":  # the step as it was before the planner and the exchange worker
-        args += ["--planner", planner, "--exchange", "inline"]
-    if lookahead_worker != "auto":
-        args += ["--lookahead-worker", lookahead_worker]
+    if planner != "thread":  # the step without the planner
+        args += ["--planner", planner]
     return variant(vid, label, "frugal", batch, world, args, lookahead=lookahead, cache_ratio=cache, queue=queue,
-                   flush_workers=flushers, planner=planner, lookahead_worker=lookahead_worker)  # fmt: skip
+                   flush_workers=flushers, planner=planner)  # fmt: skip
 
 
 def main_variants(names: Sequence[str], batch: int, world: int, suffix: str) -> List[Dict[str, Any]]:
@@ -164,8 +159,7 @@ def build_plan(args: argparse.Namespace, train_py: Path) -> tuple[List[Dict[str,
                 add(frugal_variant(B, W, flushers=fw), "flush_workers")
         if "planner" in abl:  # FrugalTrainPipeline without its planner: each forward computes its rows
             for L in (DEFAULT_L, 0):
-                add(frugal_variant(B, W, lookahead=L, planner="none", lookahead_worker="inline"), "planner")
-            add(frugal_variant(B, W, lookahead_worker="thread"), "planner")  # (L = 0 has no lookahead worker)
+                add(frugal_variant(B, W, lookahead=L, planner="none"), "planner")
         if "batch" in abl:
             for b in BATCHES:
                 for v in main_variants(MAIN_VARIANTS, b, W, "" if b == B else f"@b{b}"):

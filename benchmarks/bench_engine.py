@@ -70,9 +70,7 @@ MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
 def mode_config(mode: str, args: argparse.Namespace):
     from torchrec_frugal.config import FrugalConfig
 
-    worker = {"auto": None, "on": True, "off": False}[args.lookahead_worker]
-    common = dict(flush_chunk_rows=args.chunk, max_deferred_rows=args.max_deferred_rows, timeout_s=120.0,
-                  lookahead_worker=worker)
+    common = dict(flush_chunk_rows=args.chunk, max_deferred_rows=args.max_deferred_rows, timeout_s=120.0)
     if mode == "frugal":
         return FrugalConfig(lookahead=args.lookahead, cache_ratio=args.cache_ratio, queue="two_level",
                             flush_workers=args.flush_workers, **common)
@@ -357,8 +355,6 @@ def main() -> None:
     ap.add_argument("--lookahead", type=int, default=10, help="L of the frugal, heap and no_flush modes")
     ap.add_argument("--cache-ratio", type=float, default=0.05, help="rows cached per rank (not no_flush)")
     ap.add_argument("--flush-workers", type=int, default=None, help="flusher threads per rank (default: the engine's, 0 on CPU)")
-    ap.add_argument("--lookahead-worker", choices=("auto", "on", "off"), default="auto",
-                    help="FrugalConfig.lookahead_worker (auto: a thread on an accelerator, inline on CPU)")
     ap.add_argument("--chunk", type=int, default=8192, help="flush_chunk_rows")
     ap.add_argument("--max-deferred-rows", type=int, default=None,
                     help="max_deferred_rows of the engine (default: FrugalConfig's default)")

@@ -45,7 +45,7 @@ def spin(stop: Any) -> None:
 def time_calls(rows: int, dim: int, batch: int, steps: int, lookahead: int, shm_dir: str) -> Dict[str, List[Tuple[float, float]]]:
     """Per call, (wall s, own CPU s) of every timed step."""
     torch.set_num_threads(1)
-    cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.05, shm_dir=shm_dir, exchange_worker=True)
+    cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.05, shm_dir=shm_dir)
     g = torch.Generator().manual_seed(0)
     out: Dict[str, List[Tuple[float, float]]] = {c: [] for c in CALLS}
     warmup = 20

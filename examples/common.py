@@ -126,10 +126,6 @@ def add_frugal_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
     p.add_argument("--planner", choices=("thread", "inline", "none"), default="thread",
                    help="frugal: where FrugalTrainPipeline plans each batch read (none: each forward computes its rows)")  # fmt: skip
-    p.add_argument("--lookahead-worker", choices=("auto", "thread", "inline"), default="auto",
-                   help="frugal: where the lookahead's publishing and ingesting run (auto: the engine's choice)")  # fmt: skip
-    p.add_argument("--exchange", choices=("worker", "inline"), default="worker",
-                   help="frugal: where a step's update runs once backward hands its gradients over (inline: inside backward)")  # fmt: skip
     p.add_argument("--hardware", default=None,
                    help="frugal: plan with the cost model on this hardware profile (a name such as cpu or rtx3090, or a "
                         "JSON file): per table frugal or a stock sharding, and the cache ratio and lookahead, by least "
@@ -144,8 +140,6 @@ def frugal_config(args: argparse.Namespace) -> FrugalConfig:
         queue=args.queue,
         flush_workers=args.flush_workers,
         max_deferred_rows=args.max_deferred_rows,
-        exchange_worker=args.exchange == "worker",
-        lookahead_worker={"auto": None, "thread": True, "inline": False}[args.lookahead_worker],
     )
 
 

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from torchrec_frugal import lookahead_feed
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine import FrugalEngine
 from torchrec_frugal.optimizers import apply_update, state_width
@@ -40,7 +41,7 @@ class Scenario:
     device: str = "cpu"  # "cuda": every rank on the current CUDA device (several ranks may share it)
     host_path: str = "auto"
     sorted_reads: Optional[bool] = None  # None: the device's default (True on CUDA only)
-    worker: Optional[bool] = None  # the lookahead worker thread (None: the device's default, off on CPU)
+    worker: bool = False  # the lookahead's own thread, as on an accelerator (False: the device's choice, none on CPU)
     worker_lag_s: float = 0.0  # each publish of the lookahead worker waits up to this long (a lagging worker)
     mailbox_rows: int = 16384  # small: the mailbox records grow during the run
     planned: bool = False  # steps planned ahead on a planner thread (plan_step), as FrugalTrainPipeline does
@@ -64,9 +65,15 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     cfg = FrugalConfig(lookahead=sc.lookahead, cache_ratio=sc.cache_ratio, queue=sc.queue,
                        flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60,
                        max_deferred_rows=sc.max_deferred_rows, update_uncached_in_host=sc.in_host,
-                       host_path=sc.host_path, lookahead_worker=sc.worker, mailbox_rows=sc.mailbox_rows)
-    eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
-                       device=torch.device(sc.device))
+                       host_path=sc.host_path, mailbox_rows=sc.mailbox_rows)
+    device_choice = lookahead_feed.lookahead_thread
+    if sc.worker:  # the accelerator's lookahead thread, on whatever device runs the test
+        lookahead_feed.lookahead_thread = lambda device: True
+    try:
+        eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
+                           device=torch.device(sc.device))
+    finally:
+        lookahead_feed.lookahead_thread = device_choice
     if sc.worker_lag_s:
         worker = eng.lookahead_feed.worker
         publish, lag = worker.publish, random.Random(rank)

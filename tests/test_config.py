@@ -35,7 +35,7 @@ def test_defaults_are_valid():
         ("flush_workers", 1.5),
         ("cache_ratio", "0.1"),
         ("mailbox_rows", 0),
-        ("exchange_worker", "yes"),
+        ("update_uncached_in_host", "yes"),
         ("timeout_s", float("nan")),
     ],
 )
@@ -132,9 +132,8 @@ def test_optimizer_spec_rejects_numeric(field, value):
     "kw,threads",
     [
         (dict(), 1),  # CPU device: the exchange worker only (no flusher or lookahead thread)
-        (dict(exchange_worker=False), 0),
         (dict(flush_workers=1), 2),
-        (dict(flush_workers=2, lookahead_worker=True), 4),
+        (dict(flush_workers=2), 3),
     ],
 )
 def test_the_engine_starts_its_helper_threads_by_device_unless_told(kw, threads, tmp_path):

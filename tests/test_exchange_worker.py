@@ -1,6 +1,6 @@
 """The exchange worker: steps handed over run in order, drains wait for them, a failure on the
-worker surfaces on the training thread with its cause, and an engine trains the same tables
-with the worker as with the update inside apply_gradients (one rank, CPU)."""
+worker surfaces on the training thread with its cause, and on CPU it publishes the lookahead
+(one rank; the engine's exactness with it is ``test_engine_exactness``'s)."""
 from __future__ import annotations
 
 import threading
@@ -97,9 +97,9 @@ def test_a_drain_that_times_out_names_the_steps_left() -> None:
 
 
 def _train(
-    tmp_path: Any, exchange_worker: bool, lookahead: int, steps: int = 30, push: bool = True, **config: Any
+    tmp_path: Any, lookahead: int, steps: int = 30, push: bool = True, **config: Any
 ) -> torch.Tensor:
-    cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.1, shm_dir=str(tmp_path), exchange_worker=exchange_worker, **config)
+    cfg = FrugalConfig(lookahead=lookahead, cache_ratio=0.1, shm_dir=str(tmp_path), **config)
     counts = [torch.arange(500, 0, -1, dtype=torch.float32), torch.ones(300)]
     tables = [TableSpec("a", 500, 8), TableSpec("b", 300, 8)]
     with FrugalEngine(tables, OptimizerSpec("rowwise_adagrad", lr=0.1), cfg, presample_counts=counts, seed=1) as eng:
@@ -119,11 +119,6 @@ def _train(
         return eng.read_rows()[0].clone()
 
 
-@pytest.mark.parametrize("lookahead", [0, 3])
-def test_the_worker_trains_the_tables_the_inline_update_trains(tmp_path: Any, lookahead: int) -> None:
-    assert torch.equal(_train(tmp_path, True, lookahead), _train(tmp_path, False, lookahead))
-
-
 @pytest.mark.parametrize("push", [True, False])  # False: begin_step announces each step itself
 def test_the_worker_publishes_the_lookahead_off_the_training_thread(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, push: bool
@@ -136,11 +131,8 @@ def test_the_worker_publishes_the_lookahead_off_the_training_thread(
         return publish(self, *args)
 
     monkeypatch.setattr(LookaheadRing, "publish", recorded)
-    with_worker = _train(tmp_path, True, 3, push=push)
+    _train(tmp_path, 3, push=push)
     assert len(threads) == 30 and set(threads) == {"frugal-exchange-0"}
-    threads.clear()
-    assert torch.equal(with_worker, _train(tmp_path, False, 3, push=push))
-    assert len(threads) == 30 and set(threads) == {"MainThread"}
 
 
 def test_with_flusher_threads_the_training_thread_flushes_nothing(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,10 +159,10 @@ def test_with_flusher_threads_the_training_thread_flushes_nothing(tmp_path: Any,
 
     monkeypatch.setattr(Flusher, "background_bound", slow)
     # Uncached rows updated in dynamic slots: host reads of them wait for their flush.
-    tables = _train(tmp_path, True, 3, steps=100, flush_workers=1, update_uncached_in_host=False)
+    tables = _train(tmp_path, 3, steps=100, flush_workers=1, update_uncached_in_host=False)
     assert "MainThread" not in threads, sorted(set(threads))
     threads.clear()
-    assert torch.equal(tables, _train(tmp_path, True, 3, steps=100, flush_workers=0, update_uncached_in_host=False))
+    assert torch.equal(tables, _train(tmp_path, 3, steps=100, flush_workers=0, update_uncached_in_host=False))
     assert "MainThread" in threads  # the default on CPU: no flusher, the training thread helps
 
 
@@ -182,7 +174,6 @@ def test_a_failure_on_the_worker_is_raised_on_the_training_thread_with_its_cause
 
     cfg = FrugalConfig(lookahead=0, shm_dir=str(tmp_path))
     with FrugalEngine([TableSpec("t", 100, 4)], OptimizerSpec(), cfg) as eng:
-        assert eng.exchange_worker is not None
         rows = torch.arange(10)
         eng.begin_step(rows)
         monkeypatch.setattr(OwnerUpdate, "apply", broken)

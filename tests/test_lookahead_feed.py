@@ -1,7 +1,8 @@
-"""The lookahead feed on one process: two ranks' feeds sharing one control block, no threads."""
+"""The lookahead feed on one process: two ranks' feeds sharing one control block, no threads
+(each publish handed to the exchange runs at once, on the caller)."""
 from __future__ import annotations
 
-from typing import List
+from typing import Any, Callable, List
 
 import numpy as np
 import pytest
@@ -27,6 +28,21 @@ OWNER = (np.arange(ROWS) % WORLD).astype(np.int16)  # even rows: rank 0, odd row
 CACHED = np.isin(np.arange(ROWS), [0, 1])  # rank 0 caches row 0, rank 1 row 1
 
 
+class InlineExchange:
+    """The exchange worker's hand-off, run at once on the caller: a feed with no thread."""
+
+    def __init__(self) -> None:
+        self.tickets = 0
+
+    def submit(self, step: Callable[[], None], wake: bool = True) -> int:
+        step()
+        self.tickets += 1
+        return self.tickets
+
+    def wake_through(self, ticket: int) -> None:
+        pass
+
+
 def _feeds(tmp_path) -> List[LookaheadFeed]:
     block = SharedSegment.create(f"{PREFIX}{new_run_id()}_control", Layout([control_field(WORLD)]), str(tmp_path))
     block.unlink()
@@ -43,7 +59,8 @@ def _feeds(tmp_path) -> List[LookaheadFeed]:
         host = HostTables({"weights": torch.zeros(ROWS, 1), "state": torch.zeros(ROWS, 0)}, torch.empty(0), CPU, "auto", None)
         store = OwnerStore(ROWS, np.flatnonzero(CACHED & (OWNER == r)), 1, 0, CPU)
         flusher = Flusher(make_queue("two_level", ROWS, L), store, host, Streams(CPU), control, window, 8, 100, 0, print)
-        feeds.append(LookaheadFeed(L, ring, window, flusher, control, False, None, lambda fn: fn(), lambda: None, print))
+        exchange: Any = InlineExchange()
+        feeds.append(LookaheadFeed(L, ring, window, flusher, control, CPU, exchange, lambda fn: fn(), lambda: None, print))
     for f in feeds:
         f.ring.record.attach_peers()
     for f in feeds:

@@ -404,15 +404,10 @@ def run_training(
     data: str = "zipf",
     config: Optional[Any] = None,
     device: str = "cpu",
-    exchange_worker: bool = True,
 ) -> Dict[str, Any]:
     """One training run: losses, final tables (rank 0), sharding types, and each frugal engine's
-    (device, host path). ``exchange_worker=False``: the default config, updates inside backward."""
+    (device, host path)."""
     dev = torch.device(device)
-    if not exchange_worker:
-        from torchrec_frugal.config import FrugalConfig
-
-        config = FrugalConfig(lookahead=LOOKAHEAD, cache_ratio=0.05, exchange_worker=False)
     dmp, optimizer, key = build(world, sharding, opt, model_kind, table_rows, config=config, device=dev)
     if "variants" in model_kind:
         batches: Iterator[Any] = VariantBatches(dist.get_rank(), model_kind == "weighted_variants").batches(0, steps)
@@ -632,8 +627,8 @@ SCENARIOS_2: Dict[str, Dict[str, Any]] = {
 
 SCENARIOS_4: Dict[str, Dict[str, Any]] = {
     "frugal_sgd": dict(sharding="frugal", opt="sgd", pipeline="frugal"),
-    # The step as it was before batches were planned ahead and updates handed to a worker.
-    "frugal_sgd_inline": dict(sharding="frugal", opt="sgd", pipeline="frugal_unplanned", exchange_worker=False),
+    # The step as it was before batches were planned ahead.
+    "frugal_sgd_inline": dict(sharding="frugal", opt="sgd", pipeline="frugal_unplanned"),
     "tw_sgd": dict(sharding="table_wise", opt="sgd"),
     "rw_sgd": dict(sharding="row_wise", opt="sgd"),
     "frugal_adagrad": dict(sharding="frugal", opt="adagrad"),

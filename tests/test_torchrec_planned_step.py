@@ -85,10 +85,10 @@ class TracedVariantsModel(VariantsModel):
         return loss, (loss.detach(), logits.detach(), batch.labels)
 
 
-def config(lookahead: int, exchange_worker: bool = True) -> Any:
+def config(lookahead: int) -> Any:
     from torchrec_frugal.config import FrugalConfig
 
-    return FrugalConfig(lookahead=lookahead, cache_ratio=0.05, exchange_worker=exchange_worker)
+    return FrugalConfig(lookahead=lookahead, cache_ratio=0.05)
 
 
 def batches_of(kind: str, rows: List[int], refill: bool = False, unused_feature: bool = False) -> Iterator[Any]:
@@ -132,7 +132,6 @@ def train_with(
     rows: List[int],
     plan_delay_s: float = 0.0,
     update_delay_s: float = 0.0,
-    exchange_worker: bool = True,
     refill: bool = False,
     unused_feature: bool = False,
 ) -> Dict[str, Any]:
@@ -150,17 +149,16 @@ def train_with(
     if update_delay_s:
         OwnerUpdate.apply = lambda self, *a: time.sleep(update_delay_s) or apply(self, *a)  # type: ignore[method-assign]
     try:
-        return _train_with(planner, kind, lookahead, rows, exchange_worker, refill, unused_feature)
+        return _train_with(planner, kind, lookahead, rows, refill, unused_feature)
     finally:
         FrugalEmbeddingLookup.plan, OwnerUpdate.apply = plan, apply  # type: ignore[method-assign]
 
 
 def _train_with(
-    planner: str, kind: str, lookahead: int, rows: List[int], exchange_worker: bool, refill: bool = False,
-    unused_feature: bool = False,
+    planner: str, kind: str, lookahead: int, rows: List[int], refill: bool = False, unused_feature: bool = False,
 ) -> Dict[str, Any]:
     world = dist.get_world_size()
-    dmp, opt, key = build(world, "frugal", "adagrad", kind, rows, config=config(lookahead, exchange_worker))
+    dmp, opt, key = build(world, "frugal", "adagrad", kind, rows, config=config(lookahead))
     pipe = pipeline(dmp, opt, planner)
     source = batches_of(kind, rows, refill, unused_feature)
     losses = []
@@ -315,9 +313,6 @@ def _rank_main(rank: int, world: int) -> Dict[str, Any]:
         kind, lookahead, rows = SETUPS[name]
         out[(name, "refilling_loader")] = train_with("thread", kind, lookahead, rows, refill=True)
     out[("dlrm_L6", "unused_feature")] = train_with("thread", "dlrm", 6, TABLE_ROWS, unused_feature=True)
-    for name in ("dlrm_L6", "dlrm_L0", "mean_variants"):  # the update on the training thread, inside backward
-        kind, lookahead, rows = SETUPS[name]
-        out[(name, "inline_exchange")] = train_with("none", kind, lookahead, rows, exchange_worker=False)
     out["steady_dlrm"] = steady_state("dlrm", 1)
     out["steady_dlrm_x8"] = steady_state("dlrm", 8)
     out["steady_mean"] = steady_state("variants", 1)
@@ -367,12 +362,6 @@ def test_a_feature_no_table_serves_is_ignored_through_the_pipeline(world2: List[
     assert_bit_identical(world2, ("dlrm_L6", "unused_feature"), ("dlrm_L6", "none"))
 
 
-@pytest.mark.parametrize("setup", ["dlrm_L6", "dlrm_L0", "mean_variants"])
-def test_the_exchange_worker_trains_as_the_update_inside_backward(world2: List[Dict[str, Any]], setup: str) -> None:
-    """Planner and exchange worker (the default) against the path before either: bit for bit."""
-    assert_bit_identical(world2, (setup, "thread"), (setup, "inline_exchange"))
-
-
 @pytest.mark.parametrize("steady", ["steady_dlrm", "steady_dlrm_x8", "steady_mean"])
 def test_training_thread_plans_nothing(world2: List[Dict[str, Any]], steady: str) -> None:
     for res in world2:
@@ -407,13 +396,12 @@ def _one_rank(rank: int, world: int) -> Dict[str, Any]:
     torch.set_num_threads(1)
     return {
         "planned": train_with("thread", "dlrm", 10, TABLE_ROWS),
-        "inline": train_with("none", "dlrm", 10, TABLE_ROWS, exchange_worker=False),
+        "inline": train_with("none", "dlrm", 10, TABLE_ROWS),
     }
 
 
 def test_one_rank_planned_steps_train_bit_for_bit_as_inline_ones() -> None:
-    """World 1, L = 10: the planner thread and the exchange worker against each forward computing
-    its rows and the update inside backward."""
+    """World 1, L = 10: the planner thread against each forward computing its rows."""
     res = run_ranks(1, _one_rank)[0]
     planned, inline = res["planned"], res["inline"]
     assert planned["losses"].shape == (STEPS,)

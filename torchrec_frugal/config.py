@@ -41,17 +41,6 @@ class FrugalConfig:
         gathers into a page-locked buffer, then one asynchronous copy (flushes: the reverse).
         "auto": zero_copy where the tables can be registered, else pinned. On a CPU device the
         tables are read in place (zero_copy); "pinned" there stages through a buffer, as on CUDA.
-    lookahead_worker: where the lookahead's bookkeeping runs (publishing this rank's announced
-        rows, ingesting the peers' into the owner's window and queue). True: a background thread
-        per rank. False: where the step's update runs (the exchange worker, handed over in
-        announce order; the training thread without one). None picks the thread on an
-        accelerator, whose training thread spends its time waiting for the device, and False on
-        a CPU device, whose cores the training already keeps busy (a thread there only adds
-        switches).
-    exchange_worker: where a step's gradients go once backward hands them over. True: a thread
-        per rank stages them, sums the owned rows over ranks, updates them and flushes, while the
-        training thread goes on to the next step, whose gate waits for that update. False: the
-        training thread does all of it inside backward. None picks the thread.
     timeout_s: longest wait on another rank before the run is aborted with an error.
     shm_dir: the shared-memory directory that holds the host tables and the mailboxes; None:
         $TORCHREC_FRUGAL_SHM_DIR, else /dev/shm. Every local rank must use the same one.
@@ -68,8 +57,6 @@ class FrugalConfig:
     max_deferred_rows: int = 65536
     update_uncached_in_host: Optional[bool] = None
     host_path: str = "auto"
-    lookahead_worker: Optional[bool] = None
-    exchange_worker: Optional[bool] = None
     timeout_s: float = 60.0
     shm_dir: Optional[str] = None
     mailbox_rows: int = 16384
@@ -83,10 +70,8 @@ class FrugalConfig:
             raise ValueError(f"queue must be one of {tuple(QUEUE_KINDS)}, got {self.queue!r}")
         check_int("flush_chunk_rows", self.flush_chunk_rows, 1)
         check_int("max_deferred_rows", self.max_deferred_rows, 0)
-        for name in ("update_uncached_in_host", "lookahead_worker", "exchange_worker"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"{name} must be True, False or None, got {value!r}")
+        if self.update_uncached_in_host is not None and not isinstance(self.update_uncached_in_host, bool):
+            raise ValueError(f"update_uncached_in_host must be True, False or None, got {self.update_uncached_in_host!r}")
         if self.host_path not in HOST_PATHS:
             raise ValueError(f"host_path must be one of {HOST_PATHS}, got {self.host_path!r}")
         check_real("timeout_s", self.timeout_s, 0.0, math.inf, open_low=True)

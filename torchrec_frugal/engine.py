@@ -13,9 +13,9 @@ One engine serves a group of tables of equal dimension, fused into one row space
 4. Flushers copy queued rows (weights and optimizer state) to host, lowest priority first.
 
 Steps 1-2 take a :class:`~.step_plan.StepPlan` made ahead (``plan_step``, any thread) instead of
-rows, and step 3 by default only launches the gradients' copy to host and hands the step to the
-exchange worker (``exchange_worker.py``): staging, summing, the owner's update, priorities and
-flushing run there, and the next step's gate waits for that update (``FrugalConfig.exchange_worker``).
+rows, and step 3 only launches the gradients' copy to host and hands the step to the exchange
+worker (``exchange_worker.py``): staging, summing, the owner's update, priorities and flushing run
+there, and the next step's gate waits for that update.
 
 No rank is special after set-up: the gate reads every owner's progress counters in shared memory.
 
@@ -145,15 +145,11 @@ class FrugalEngine:
             make_queue(cfg.queue, n, self.lookahead), self.store, self.host, self.streams, self.control, self.window,
             cfg.flush_chunk_rows, cfg.max_deferred_rows, workers, self._fail_from_thread,
         )  # fmt: skip
-        # Where backward hands a step's gradients over: the exchange worker, or this thread.
-        use_exchange_worker = True if cfg.exchange_worker is None else cfg.exchange_worker
-        self.exchange_worker = (
-            ExchangeWorker(f"frugal-exchange-{self.rank}", self._fail_from_thread) if use_exchange_worker else None
-        )
-        # The lookahead's publishing: a thread of its own, else the exchange worker, else this thread.
-        use_worker = not on_cpu if cfg.lookahead_worker is None else cfg.lookahead_worker
+        # Where backward hands a step's gradients over.
+        self.exchange_worker = ExchangeWorker(f"frugal-exchange-{self.rank}", self._fail_from_thread)
+        # The lookahead's publishing: a thread of its own on an accelerator, else the exchange worker.
         self.lookahead_feed = LookaheadFeed(
-            self.lookahead, self.ring, self.window, self.flusher, self.control, use_worker,
+            self.lookahead, self.ring, self.window, self.flusher, self.control, self.device,
             self.exchange_worker,
             self._guard, self._raise_if_failed, self._fail_from_thread,
         )  # fmt: skip
@@ -189,8 +185,8 @@ class FrugalEngine:
     def background_threads(self) -> List[threading.Thread]:
         """The threads working for this rank beside the training thread (flushers, lookahead and
         exchange workers)."""
-        workers = [self.lookahead_feed.worker, self.exchange_worker]
-        return self.flusher.threads + [w.thread for w in workers if w is not None]
+        lookahead = self.lookahead_feed.worker
+        return self.flusher.threads + [self.exchange_worker.thread] + ([] if lookahead is None else [lookahead.thread])
 
     # ------------------------------------------------------------------ input checks
     def rows(self, table: int, ids: torch.Tensor) -> torch.Tensor:
@@ -274,9 +270,9 @@ class FrugalEngine:
         def idle() -> bool:
             ingested = self.lookahead_feed.ingest_while_waiting()
             ticket = self._gate_ticket  # this rank's own update of step s - 1 (and its flush)
-            if worker is not None and not worker.done_through(ticket):
+            if not worker.done_through(ticket):
                 return worker.wait_done(2e-3, ticket) or ingested
-            if worker is not None and (self.flusher.threads or self.control.get(FLUSHED)[self.rank] >= s):
+            if self.flusher.threads or self.control.get(FLUSHED)[self.rank] >= s:
                 return ingested  # the flushers write what step s reads (or none of it is pending here)
             return self.flusher.flush_once(max_priority=s, wait=False) or ingested
 
@@ -356,13 +352,11 @@ class FrugalEngine:
             grads = grads.detach()
         if divide_by != 1 and grads.device.type != "cpu":
             grads, divide_by = grads / divide_by, 1
-        if self.exchange_worker is None:
-            self._guard(lambda: self._update(s, iteration, rows, grads.to("cpu", torch.float32), reads_done, divide_by))
-        else:  # launch the copy to host, hand the step over, and go on
-            host_grads, copied = self._grad_staging.to_host(grads)
-            self._gate_ticket = self.exchange_worker.submit(
-                lambda: self._update_handed_over(s, iteration, rows, host_grads, copied, reads_done, divide_by)
-            )
+        # Launch the copy to host, hand the step over, and go on.
+        host_grads, copied = self._grad_staging.to_host(grads)
+        self._gate_ticket = self.exchange_worker.submit(
+            lambda: self._update_handed_over(s, iteration, rows, host_grads, copied, reads_done, divide_by)
+        )
         self._in_step = False
         self.step = s + 1
 
@@ -376,8 +370,7 @@ class FrugalEngine:
 
     def drain(self) -> None:
         """Wait until the exchange worker has done every step handed over; raises its failure."""
-        if self.exchange_worker is not None:
-            self.exchange_worker.drain(self.config.timeout_s)
+        self.exchange_worker.drain(self.config.timeout_s)
         self._raise_if_failed()
 
     def _update(
@@ -505,8 +498,7 @@ class FrugalEngine:
         shm.remove_run_segments(self.run_id, self.shm_dir)
 
     def _stop_background(self) -> None:
-        if self.exchange_worker is not None:
-            self.exchange_worker.stop(self.config.timeout_s)
+        self.exchange_worker.stop(self.config.timeout_s)
         self.flusher.stop(self.config.timeout_s)
         self.lookahead_feed.stop(self.config.timeout_s)
 
@@ -514,7 +506,7 @@ class FrugalEngine:
         """Stop the flushers; pending writes are dropped unless flush() ran first."""
         if self._closed:
             return
-        if self.exchange_worker is not None and self._failure is None:
+        if self._failure is None:
             try:  # the steps handed over finish first (their peers wait for them)
                 self.exchange_worker.drain(self.config.timeout_s)
             except FrugalError:

@@ -5,14 +5,14 @@ Words used throughout (one action each):
 * announce: the rank declares the rows of one of its future steps (``push_lookahead``, or
   ``begin_step`` for a step that was not pushed). Steps are announced in order, at most L ahead.
 * publish: an announced step's rows are written into the rank's ring slot for their owners and
-  its PUBLISHED counter raised (``LookaheadRing.publish``): by the lookahead worker, handed over
-  to the exchange worker (in announce order among the updates), or inline.
+  its PUBLISHED counter raised (``LookaheadRing.publish``): by the lookahead worker on an
+  accelerator, else handed over to the exchange worker (in announce order among the updates).
 * ingest: an owner takes a step every rank has published into its window (the next host read of
   each row it owns) and gives the deferred rows that step reads a finite priority in the queue.
 
 An owner's window must run ahead of the steps its peers start: with deferred rows pending, its
 FLUSHED counter says "current through the newest ingested step". The worker keeps it ahead in the
-background; without one the training thread ingests once per step, at the update.
+background; without one the exchange worker ingests once per step, at the update.
 """
 from __future__ import annotations
 
@@ -34,6 +34,13 @@ from .metrics import WAIT_PUBLISHED
 from .priorities import INF
 
 
+def lookahead_thread(device: torch.device) -> bool:
+    """Whether the lookahead runs on a thread of its own: on an accelerator, whose training thread
+    mostly waits for the device; not on a CPU device, whose cores the training already keeps busy
+    (a thread there only adds switches), where the exchange worker publishes instead."""
+    return device.type != "cpu"
+
+
 class LookaheadFeed:
     """This rank's announced steps (in order, checked against the batches trained), their
     publishing, and, as an owner, the ingestion of every rank's published steps."""
@@ -45,8 +52,8 @@ class LookaheadFeed:
         window: Optional[LookaheadWindow],
         flusher: Flusher,
         control: Control,
-        use_worker: bool,
-        exchange: Optional[ExchangeWorker],
+        device: torch.device,
+        exchange: ExchangeWorker,
         guard: Callable[[Callable[[], object]], object],
         check_failed: Callable[[], None],
         on_failure: Callable[[BaseException], None],
@@ -57,7 +64,7 @@ class LookaheadFeed:
         self.flusher = flusher
         self.control = control
         # Without a lookahead worker: the exchange worker a publish is handed to (in order among
-        # the updates, with a ticket), or None for the training thread.
+        # the updates, with a ticket).
         self._exchange = exchange
         self._guard = guard  # a failing publish fails the rank, as any step would
         self._check_failed = check_failed
@@ -67,7 +74,7 @@ class LookaheadFeed:
         self._ingest_mutex = threading.Lock()  # one ingester at a time: steps arrive in order
         self.worker = (
             LookaheadWorker(f"frugal-lookahead-{control.rank}", ring.publish, self.ingest_available, on_failure)
-            if lookahead > 0 and use_worker
+            if lookahead > 0 and lookahead_thread(device)
             else None
         )
 
@@ -111,7 +118,7 @@ class LookaheadFeed:
                     f"({rows.numel()} rows trained, {expected.numel()} pushed)"
                 )
             self._pushed.popleft()
-            if ticket is not None and self._exchange is not None:
+            if ticket is not None:
                 # Its publish runs before this step's gate: every rank's gate of step t waits for
                 # the owners to ingest step t, which needs each rank's publish of it.
                 self._exchange.wake_through(ticket)
@@ -120,16 +127,13 @@ class LookaheadFeed:
         return self._announce(step, rows if owned else rows.clone())
 
     def _announce(self, t: int, rows: torch.Tensor, wake: bool = True) -> Optional[int]:
-        """Publish step t's rows to their owners: through the lookahead worker, handed over to
+        """Publish step t's rows to their owners: through the lookahead worker, or handed over to
         the exchange worker (returns its ticket; ``wake=False``: the worker need not wake for it,
-        see ``ExchangeWorker.submit``), or here and now."""
+        see ``ExchangeWorker.submit``)."""
         if self.worker is not None:
             self.worker.announce(t, rows.numpy())
         elif self.lookahead > 0:
-            publish = lambda: self._guard(lambda: self.ring.publish(t, rows.numpy(), self.ingest_available))  # noqa: E731
-            if self._exchange is not None:
-                return self._exchange.submit(publish, wake)
-            publish()
+            return self._exchange.submit(lambda: self._guard(lambda: self.ring.publish(t, rows.numpy(), self.ingest_available)), wake)
         return None
 
     # ------------------------------------------------------------------ this rank as an owner

@@ -2,10 +2,10 @@
 inverse, and merges of sorted runs. Every deduplication of row ids in the package goes through here.
 
 numpy's stable sort of 16-bit integers is a radix sort, O(n); of wider integers it is a timsort.
-PyTorch's CPU sort uses its radix sort only from 32,768 values up and a comparison sort below:
-1.46 ms to sort the 26,624 row indices of a DLRM batch of 1024, against 0.07 ms in one 16-bit
-pass. Ids below 2^16 take one pass, below 2^32 two, least significant half first (each pass is
-stable, so ties keep the order of the pass before). The permutation is the one any stable sort
+PyTorch's CPU sort uses its radix sort only from 32,768 values up and a comparison sort below,
+where the 26,624 row indices of a DLRM batch of 1024 fall (docs/performance.md, "Sorting row ids
+by radix"). Ids below 2^16 take one pass, below 2^32 two, least significant half first (each pass
+is stable, so ties keep the order of the pass before). The permutation is the one any stable sort
 gives: results do not depend on which sort made it.
 
 ``np.unique`` is not used: numpy 2 dedupes unsorted integers by hashing, slower than a sort and

@@ -4,8 +4,6 @@ values and gradients as PyTorch's own ``embedding_bag`` and indexing, for bags o
 transposition planned ahead or computed in the backward alike (bit for bit)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 import torch
 import torch.nn.functional as F

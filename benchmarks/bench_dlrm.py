@@ -51,7 +51,7 @@ from torchrec_frugal.measure import git_state, machine_busy_s, median_or_nan  # 
 
 MAIN_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 STOCK = ("table_wise", "row_wise")
-ABLATIONS = ("write_through", "heap", "lookahead", "cache", "flush_workers", "batch", "planner")
+ABLATIONS = ("write_through", "heap", "lookahead", "cache", "flush_workers", "batch")
 LOOKAHEADS = (0, 2, 5, 10, 14)
 CACHE_RATIOS = (0.01, 0.05, 0.1)
 BATCHES = (128, 1024)
@@ -72,8 +72,8 @@ def variant(vid: str, label: str, kind: str, batch: int, nproc: int, args: List[
 
 
 def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: float = DEFAULT_CACHE,
-                   queue: str = "two_level", flushers: Optional[int] = DEFAULT_FLUSHERS, suffix: str = "",
-                   planner: str = "thread") -> Dict[str, Any]:  # fmt: skip
+                   queue: str = "two_level", flushers: Optional[int] = DEFAULT_FLUSHERS,
+                   suffix: str = "") -> Dict[str, Any]:  # fmt: skip
     parts = []
     if lookahead != DEFAULT_L:
         parts.append(f"L{lookahead}")
@@ -83,12 +83,9 @@ def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: fl
         parts.append(queue)
     if flushers != DEFAULT_FLUSHERS:
         parts.append(f"fw{flushers}")
-    if planner != "thread":
-        parts.append(f"planner_{planner}")
     vid = "_".join(["frugal"] + parts) + suffix
     label = (f"frugal (cache {cache:g}, L={lookahead}" + (", heap queue" if queue == "heap" else "")
-             + (f", {flushers} flusher threads" if flushers != DEFAULT_FLUSHERS else "")
-             + (f", planner {planner}" if planner != "thread" else "") + ")")  # fmt: skip
+             + (f", {flushers} flusher threads" if flushers != DEFAULT_FLUSHERS else "") + ")")  # fmt: skip
     if lookahead == 0:
         label += " write-through"
     args = ["--sharder", "frugal", "--cache-ratio", f"{cache:g}", "--lookahead", str(lookahead)]
@@ -96,10 +93,8 @@ def frugal_variant(batch: int, world: int, lookahead: int = DEFAULT_L, cache: fl
         args += ["--queue", queue]
     if flushers != DEFAULT_FLUSHERS:
         args += ["--flush-workers", str(flushers)]
-    if planner != "thread":  # the step without the planner
-        args += ["--planner", planner]
     return variant(vid, label, "frugal", batch, world, args, lookahead=lookahead, cache_ratio=cache, queue=queue,
-                   flush_workers=flushers, planner=planner)  # fmt: skip
+                   flush_workers=flushers)  # fmt: skip
 
 
 def main_variants(names: Sequence[str], batch: int, world: int, suffix: str) -> List[Dict[str, Any]]:
@@ -157,9 +152,6 @@ def build_plan(args: argparse.Namespace, train_py: Path) -> tuple[List[Dict[str,
         if "flush_workers" in abl:
             for fw in FLUSH_WORKERS:
                 add(frugal_variant(B, W, flushers=fw), "flush_workers")
-        if "planner" in abl:  # FrugalTrainPipeline without its planner: each forward computes its rows
-            for L in (DEFAULT_L, 0):
-                add(frugal_variant(B, W, lookahead=L, planner="none"), "planner")
         if "batch" in abl:
             for b in BATCHES:
                 for v in main_variants(MAIN_VARIANTS, b, W, "" if b == B else f"@b{b}"):

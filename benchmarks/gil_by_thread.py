@@ -7,7 +7,7 @@ training thread. Record the DLRM example, then sum:
 
     py-spy record --gil --threads --subprocesses -f raw -r 250 -o gil.txt -- \\
         python benchmarks/time_dlrm_calls.py --sharder frugal --config criteo-kaggle --scale 0.1 \\
-        --steps 60 --threads 1 --no-progress --batch-size 4096 --planner thread
+        --steps 60 --threads 1 --no-progress --batch-size 4096
     python benchmarks/gil_by_thread.py gil.txt --rate 250 --steps 60
 
 Threads are named as the run names them (``frugal-planner``, ``frugal-exchange``, ...; numbered

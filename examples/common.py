@@ -124,8 +124,6 @@ def add_frugal_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-deferred-rows", type=int, default=FrugalConfig.max_deferred_rows,
                    help="frugal: rows with no read in the window that may wait before the flushers drain them")  # fmt: skip
     p.add_argument("--presample-steps", type=int, default=50, help="frugal: batches counted to pick the cached rows")
-    p.add_argument("--planner", choices=("thread", "inline", "none"), default="thread",
-                   help="frugal: where FrugalTrainPipeline plans each batch read (none: each forward computes its rows)")  # fmt: skip
     p.add_argument("--hardware", default=None,
                    help="frugal: plan with the cost model on this hardware profile (a name such as cpu or rtx3090, or a "
                         "JSON file): per table frugal or a stock sharding, and the cache ratio and lookahead, by least "
@@ -312,7 +310,7 @@ def train_pipeline(args: argparse.Namespace, dmp: nn.Module, opt: Any, device: t
     if args.sharder == "frugal":
         from torchrec_frugal.torchrec import FrugalTrainPipeline
 
-        return FrugalTrainPipeline(dmp, opt, device, lookahead=args.lookahead, planner=args.planner)
+        return FrugalTrainPipeline(dmp, opt, device, lookahead=args.lookahead)
     return TrainPipelineSparseDist(dmp, opt, device)
 
 

@@ -6,8 +6,8 @@ fine). Every rank's ``progress()`` raises at the step that would have trained it
 having run nothing of it (no rank aborts); the loop catches the error and goes on, and the run
 trains, bit for bit, as the same run on streams from which that step's batches were removed. Also
 covered: the first batch refused (read before the model is traced), the last one, two in a row,
-the inline planner, a window of 0, batches not planned (``planner="none"``), and frugal_row_wise
-tables across two nodes (their batches are checked on the training thread, not planned).
+a window of 0, and frugal_row_wise tables across two nodes (their batches are checked on the
+training thread, not planned).
 """
 from __future__ import annotations
 
@@ -22,16 +22,14 @@ from test_torchrec_distributed import TABLE_ROWS, ZipfBatches, build, full_table
 from torchrec_frugal.launch import run_ranks
 
 STEPS = 14
-# name -> (planner, lookahead, {(batch index, rank) refused}): batch i of rank r gets a bad id.
-SCENARIOS: Dict[str, Tuple[str, int, Set[Tuple[int, int]]]] = {
-    "middle_rank1": ("thread", 6, {(5, 1)}),
-    "first_rank0": ("thread", 6, {(0, 0)}),
-    "last_rank1": ("thread", 6, {(STEPS - 1, 1)}),
-    "two_in_a_row": ("thread", 6, {(3, 0), (4, 1)}),
-    "both_ranks": ("thread", 6, {(7, 0), (7, 1)}),
-    "inline": ("inline", 6, {(5, 1)}),
-    "window_0": ("thread", 0, {(5, 0)}),
-    "unplanned": ("none", 6, {(5, 1)}),  # checked on the training thread when read
+# name -> (lookahead, {(batch index, rank) refused}): batch i of rank r gets a bad id.
+SCENARIOS: Dict[str, Tuple[int, Set[Tuple[int, int]]]] = {
+    "middle_rank1": (6, {(5, 1)}),
+    "first_rank0": (6, {(0, 0)}),
+    "last_rank1": (6, {(STEPS - 1, 1)}),
+    "two_in_a_row": (6, {(3, 0), (4, 1)}),
+    "both_ranks": (6, {(7, 0), (7, 1)}),
+    "window_0": (0, {(5, 0)}),
 }
 
 
@@ -54,7 +52,7 @@ def stream(bad: Set[Tuple[int, int]], skip: Set[int]) -> Iterator[Any]:
         yield b
 
 
-def train(planner: str, lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int], sharding: str = "frugal") -> Dict[str, Any]:
+def train(lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int], sharding: str = "frugal") -> Dict[str, Any]:
     """Run the pipeline to the end of the stream, catching refusals: losses, errors by progress() call, tables."""
     from torchrec_frugal.config import FrugalConfig
     from torchrec_frugal.errors import FrugalInputError
@@ -69,7 +67,7 @@ def train(planner: str, lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int
         config=FrugalConfig(lookahead=lookahead, cache_ratio=0.05, timeout_s=60.0),
         fused_extra={"bounds_check_mode": BoundsCheckMode.FATAL},  # WARNING, the default, trains it as row 0
     )
-    pipe = FrugalTrainPipeline(dmp, opt, torch.device("cpu"), planner=planner)
+    pipe = FrugalTrainPipeline(dmp, opt, torch.device("cpu"))
     source = stream(bad, skip)
     losses: List[float] = []
     errors: List[Tuple[int, str]] = []
@@ -88,9 +86,9 @@ def train(planner: str, lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int
 def _rank_main(rank: int, world: int) -> Dict[str, Any]:
     torch.set_num_threads(1)
     out: Dict[str, Any] = {}
-    for name, (planner, lookahead, bad) in SCENARIOS.items():
-        out[name] = train(planner, lookahead, bad, set())
-        out[(name, "reference")] = train(planner, lookahead, set(), {s for s, _ in bad})
+    for name, (lookahead, bad) in SCENARIOS.items():
+        out[name] = train(lookahead, bad, set())
+        out[(name, "reference")] = train(lookahead, set(), {s for s, _ in bad})
     return out
 
 
@@ -106,8 +104,8 @@ def _nodes_main(rank: int, world: int) -> Dict[str, Any]:
     """frugal_row_wise tables over 2 nodes of 1 rank (batches checked, not planned: their ids cross nodes)."""
     torch.set_num_threads(1)
     return {
-        "bad": train("thread", 4, ROW_WISE_BAD, set(), "frugal_row_wise"),
-        "reference": train("thread", 4, set(), {s for s, _ in ROW_WISE_BAD}, "frugal_row_wise"),
+        "bad": train(4, ROW_WISE_BAD, set(), "frugal_row_wise"),
+        "reference": train(4, set(), {s for s, _ in ROW_WISE_BAD}, "frugal_row_wise"),
     }
 
 
@@ -125,7 +123,7 @@ def test_a_refused_batch_is_dropped_on_every_node_with_frugal_row_wise_tables() 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_a_refused_batch_is_dropped_on_every_rank_at_its_step(world2: List[Dict[str, Any]], name: str) -> None:
-    _, _, bad = SCENARIOS[name]
+    _, bad = SCENARIOS[name]
     steps = sorted({s for s, _ in bad})
     for rank, res in enumerate(world2):
         got, ref = res[name], res[(name, "reference")]

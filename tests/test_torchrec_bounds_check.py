@@ -5,7 +5,7 @@ IGNORE (and V2_*) an id out of range or negative becomes 0 in place, offsets unc
 reads and trains row 0; -1 (the pruned-row marker) is left and the kernel raises; NONE and FATAL
 raise. Then frugal against stock table_wise on the same streams, where one rank or the other
 feeds ids out of range: with the key unset (FBGEMM's default WARNING) through FrugalTrainPipeline's
-planner thread, WARNING explicit unplanned, IGNORE in a plain loop with eval forwards, MEAN bags and
+planner thread, WARNING explicit through TorchRec's TrainPipelineSparseDist (unplanned), IGNORE in a plain loop with eval forwards, MEAN bags and
 a feature two tables serve, and frugal_row_wise across 2 nodes (repaired before the input dist):
 losses at every step and final tables within float tolerance, each bad id counted, the warning
 naming table, feature and id (IGNORE: none). -1 under WARNING and any bad id under NONE drop the
@@ -202,11 +202,14 @@ def run(
 ) -> Dict[str, Any]:
     """Train ``STEPS`` batches: losses, FrugalInputErrors by progress() call, final tables, the
     bounds_check warnings logged, the ids counted as row 0 per table, and the logits of an eval
-    forward of the last batch with its bad ids (``loop``: "plain", or FrugalTrainPipeline's planner)."""
+    forward of the last batch with its bad ids (``loop``: "plain", "stock" for TrainPipelineSparseDist,
+    or "thread" for FrugalTrainPipeline)."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 
     from torchrec_frugal.config import FrugalConfig
     from torchrec_frugal.errors import FrugalInputError
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
     from torchrec_frugal.torchrec import FrugalTrainPipeline
 
     from test_torchrec_distributed import frugal_lookups
@@ -227,7 +230,11 @@ def run(
             opt.step()
             losses.append(loss.item())
     else:
-        pipe = FrugalTrainPipeline(dmp, opt, torch.device("cpu"), planner=loop)
+        pipe = (
+            TrainPipelineSparseDist(dmp, opt, torch.device("cpu"))
+            if loop == "stock"
+            else FrugalTrainPipeline(dmp, opt, torch.device("cpu"))
+        )
         for call in range(2 * STEPS):
             try:
                 losses.append(pipe.progress(source)[0].item())
@@ -268,7 +275,7 @@ RUNS: Dict[str, Tuple[str, Optional[str], str, Dict[Tuple[int, int], List[Tuple[
     # name: (sharding, mode, loop, bad ids, model, step skipped)
     "stock": ("table_wise", None, "plain", BAD, "dlrm", None),
     "unset_thread": ("frugal", None, "thread", BAD, "dlrm", None),
-    "warning_unplanned": ("frugal", "WARNING", "none", BAD, "dlrm", None),
+    "warning_unplanned": ("frugal", "WARNING", "stock", BAD, "dlrm", None),
     "ignore_plain": ("frugal", "IGNORE", "plain", BAD, "dlrm", None),
     "stock_variants": ("table_wise", None, "plain", VARIANT_BAD, "variants", None),
     "variants": ("frugal", None, "plain", VARIANT_BAD, "variants", None),  # not traceable: no pipeline

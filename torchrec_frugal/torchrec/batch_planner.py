@@ -11,10 +11,6 @@ training thread only hands the batch over and later hands the finished plan to t
 forward. With peers, each batch's outcome is agreed after it is planned (:mod:`.batch_agreement`):
 a batch that fails to plan on any rank (an id refused by its bounds_check_mode) fails on every rank, with its cause,
 where the training thread asks for its plan, and the pipeline drops it.
-
-Modes: ``"thread"`` (the default), ``"inline"`` (the same copies and plans made on the training
-thread when the batch is read, for comparison), ``"none"`` (no plans: each forward checks its
-batch against the one announced and computes its rows, as a plain training loop does).
 """
 from __future__ import annotations
 
@@ -32,8 +28,6 @@ from ..errors import FrugalError
 from .batch_agreement import Agree, agreed_refusal
 from .embedding_lookup import BatchPlan
 from .embedding_types import FrugalShardedModuleMixin
-
-PLANNERS = ("thread", "inline", "none")
 
 ModulePlans = List[List[BatchPlan]]
 """Per frugal module (in the pipeline's order), per frugal lookup, the plan of one batch."""
@@ -172,20 +166,11 @@ class _PlannerThread:
 
 
 class BatchPlanner:
-    """Copies and plans batches in the order they are submitted: on a thread of its own, or inline."""
+    """Copies and plans batches in the order they are submitted, on a thread of its own."""
 
-    def __init__(self, mode: str = "thread") -> None:
-        if mode not in PLANNERS:
-            raise ValueError(f"planner must be one of {PLANNERS}, got {mode!r}")
-        self.mode = mode
-        self._thread: Optional[_PlannerThread] = None
-        if mode == "thread":
-            self._thread = _PlannerThread()
-            self._finalizer = weakref.finalize(self, self._thread.stop, False)
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "none"
+    def __init__(self) -> None:
+        self._thread = _PlannerThread()
+        self._finalizer = weakref.finalize(self, self._thread.stop, False)
 
     def submit(
         self,
@@ -199,14 +184,9 @@ class BatchPlanner:
         """Copy and plan batch ``index`` of the stream, ``features_of(m, batch)`` being what
         module ``m`` receives of it (copies page-locked if ``pin``), then ``agree`` on it."""
         job = PlanJob(batch, index, list(modules), features_of, pin, agree)
-        if self._thread is not None:
-            self._thread.put(job)
-        else:
-            job.copy()
-            job.plan()
+        self._thread.put(job)
         return job
 
     def close(self) -> None:
         """Stop the thread once the job it runs is done (those not done are dropped)."""
-        if self._thread is not None:
-            self._thread.stop(wait=True)
+        self._thread.stop(wait=True)

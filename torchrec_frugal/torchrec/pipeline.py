@@ -6,7 +6,7 @@ each batch's ids, in training order, to the engines of every frugal module it pi
 it (a plain training loop) the engines stay exact: every write is flushed before it is read.
 
 Each batch is also copied and planned as soon as it is read (:mod:`.batch_planner`: on a planner
-thread by default; the loader is asked for the next batch once the copy is made), and the
+thread; the loader is asked for the next batch once the copy is made), and the
 pipeline hands the plan to that batch's forward, which then launches its gathers and pooling
 without reading the batch's ids on the host.
 
@@ -78,11 +78,12 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         device: as for TrainPipelineSparseDist.
         lookahead: batches read ahead, at most the engines' ``FrugalConfig.lookahead``
             (default: that value). 0 reads no further ahead than TorchRec does.
-        planner: where each batch read is planned: ``"thread"`` (a planner thread), ``"inline"``
-            (the training thread, when the batch is read) or ``"none"`` (no plan: each forward
-            checks its batch and computes its rows). The trained model is the same, bit for bit.
-            Frugal_row_wise tables (whose announcement is a collective) are planned as ``"none"``.
         **kwargs: passed to TrainPipelineSparseDist.
+
+    Each batch read is planned on a planner thread, except where a frugal_row_wise table's
+    announcement (a collective) makes each forward check its batch and compute its rows instead.
+    A loop that wants no planning at all uses TorchRec's TrainPipelineSparseDist, which trains the
+    same model, bit for bit (with no lookahead).
     """
 
     def __init__(
@@ -91,7 +92,6 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         lookahead: Optional[int] = None,
-        planner: str = "thread",
         **kwargs: Any,
     ) -> None:
         if lookahead is not None:  # refused here, before the model is touched
@@ -102,7 +102,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         super().__init__(
             model, optimizer, device, custom_model_fwd=lambda batch: self._planned_forward(forward, batch), **kwargs
         )
-        self._planner = BatchPlanner(planner)
+        self._planner = BatchPlanner()
         self._planning = False  # whether batches are planned: known with the frugal modules
         self._pin = torch.device(device).type == "cuda"
         # Batches handed to TorchRec whose forward has not run, oldest first: the last
@@ -176,7 +176,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                     )
                 window = self._requested_lookahead
             self._window = window
-            self._planning = self._planner.enabled and bool(self._frugal) and all(m.plans_anywhere() for m in self._frugal)
+            self._planning = bool(self._frugal) and all(m.plans_anywhere() for m in self._frugal)
             if self._frugal and self._agreement is None:
                 pg, timeout_s = self._frugal[0].agreement_group()
                 if pg is not None and dist.get_world_size(pg) > 1:
@@ -189,9 +189,9 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         assert self._reader is not None
         self._frugal_modules()
         # Keep the current step's batch and the next L read (TorchRec itself holds up to 3), and
-        # with a planner thread one more: the batch announced next is then planned during the
+        # with planned batches one more: the batch announced next is then planned during the
         # step before, not waited for when it is read.
-        ahead = 1 if self._planning and self._planner.mode == "thread" else 0
+        ahead = 1 if self._planning else 0
         dropped: List[BaseException] = []
         while True:
             need = max(1, (self._window or 0) + 1 + ahead - len(self.batches))

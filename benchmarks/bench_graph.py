@@ -13,6 +13,26 @@ sharding and against perfect scaling (W x one rank alone on its share of the bat
 * ``table_wise``  ``--sharder torchrec --sharding table_wise``
 * ``row_wise``    ``--sharder torchrec --sharding row_wise``
 * ``alone``       one process, ``--batch-size B/W`` (no communication): the upper bound
+* ``pbg``         PyTorch-BigGraph 1.0.0 on the same training triples (``--variants ... pbg``)
+
+Every example variant makes its batches on the training thread (``--loader-workers``, default 0).
+
+PBG runs from a virtual environment of its own (``--pbg-venv``, default ``.venv-pbg/``, made on
+first use: torch as pinned in requirements-cpu.txt, ``torchbiggraph==1.0.0`` and
+``setuptools<81``, which PBG's ``pkg_resources`` import needs). The example's training triples
+(same generator and seed) are exported once as TSV and converted by PBG's own importer
+(``torchbiggraph_import_from_tsv``, dynamic relations) into ``<pbg-venv>/data/``; the entity count
+is padded to every entity, as the example's table holds them all. ``torchbiggraph_train`` then runs
+with the example's settings mapped one to one where PBG has them (:func:`pbg_config`): dim,
+TransE (``translation`` operator, ``l2`` comparator), logistic loss, learning rates, row-wise
+Adagrad on entities, ``--nproc`` Hogwild workers of ``B / W`` edges a batch, uniform negatives
+only. PBG corrupts both sides of every edge where the example corrupts one side a step, so
+``--pbg-negatives`` (default ``--negatives / 2``) uniform negatives a side give the example's
+negative scores per positive. PBG's figure is its own compute-only rate, parsed from its log:
+edges processed over the compute time of its second edge chunk of ``--pbg-chunk-edges`` edges (the
+first is its warm-up: worker processes starting, importing and first touching the table); the run
+is stopped there, before PBG writes its next checkpoint. The remaining differences are listed
+in docs/performance.md ("Knowledge-graph embeddings").
 
 ``--suite accuracy``: the real KGs (UMLS and Kinships from the pykeen wheel) and each ``--models``;
 per pair, Frugal on W ranks, stock TorchRec table_wise on W ranks and one process, all with the
@@ -20,15 +40,22 @@ same seed, steps and global batch; the table gives filtered MRR and Hits@k, and 
 difference from the single process (acceptance: within 0.01). Exits 1 when a difference is larger.
 
     python benchmarks/bench_graph.py --json benchmarks/results/graph_speed.json --plot benchmarks/results/graph
+    python benchmarks/bench_graph.py --variants frugal table_wise row_wise pbg --json benchmarks/results/graph_pbg.json
     python benchmarks/bench_graph.py --suite accuracy --json benchmarks/results/graph_accuracy.json --plot benchmarks/results/graph
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import re
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -40,7 +67,11 @@ from examples.demo import TrainRunError, run_train  # noqa: E402
 from torchrec_frugal.measure import median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "graph" / "train.py"
-SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
+SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone", "pbg")
+DEFAULT_SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
+PBG_VERSION = "1.0.0"
+# PBG's log line at the end of an edge chunk: edges trained and the compute time of the chunk.
+PBG_PROCESSED = re.compile(r"Processed (\d+) edges in ([0-9.]+) s")
 ACCURACY_DATASETS = ("umls", "kinships")
 # Settings per model for the small real KGs (global batch, 2 ranks divide it evenly).
 ACCURACY_ARGS: Dict[str, List[str]] = {
@@ -54,9 +85,10 @@ def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]
     """(name, ranks, train.py arguments) of each speed variant."""
     common = [
         "--dataset", "synthetic", "--synthetic-entities", str(args.entities), "--synthetic-triples", str(args.triples),
-        "--synthetic-relations", str(args.relations), "--model", args.model, "--dim", str(args.dim),
+        "--synthetic-relations", str(args.relations), "--synthetic-skew", str(args.skew), "--model", args.model,
+        "--dim", str(args.dim), "--lr", str(args.lr), "--relation-lr", str(args.lr),
         "--chunk-size", str(args.chunk_size), "--negatives", str(args.negatives), "--steps", str(args.steps),
-        "--seed", str(args.seed), "--log-every", "0", "--no-eval",
+        "--seed", str(args.seed), "--log-every", "0", "--no-eval", "--loader-workers", str(args.loader_workers),
     ]  # fmt: skip
     w, b = args.nproc, args.batch_size
     table = {
@@ -64,6 +96,7 @@ def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]
         "table_wise": (w, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b)]),
         "row_wise": (w, ["--sharder", "torchrec", "--sharding", "row_wise", "--batch-size", str(b)]),
         "alone": (1, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b // w)]),
+        "pbg": (w, []),  # run_pbg reads args itself
     }
     return [(name, table[name][0], table[name][1] + common) for name in args.variants]
 
@@ -83,8 +116,137 @@ def accuracy_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str
     return out
 
 
-def run_all(variants: List[Tuple[str, int, List[str]]], repeats: int, threads: int, timeout: float) -> List[Dict[str, Any]]:
+# ---------------------------------------------------------------------------- PyTorch-BigGraph
+def pinned_torch() -> str:
+    """The torch requirement of requirements-cpu.txt (the pinned CPU stack)."""
+    for line in (ROOT / "requirements-cpu.txt").read_text().splitlines():
+        if line.strip().startswith("torch=="):
+            return line.strip()
+    raise RuntimeError("requirements-cpu.txt pins no torch")
+
+
+def pbg_venv(venv: Path) -> Path:
+    """The PBG virtual environment's bin folder, made when missing."""
+    bin_dir = venv / "bin"
+    if not (bin_dir / "torchbiggraph_train").exists():
+        print(f"[bench_graph] making {venv}: {pinned_torch()}, torchbiggraph=={PBG_VERSION}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", pinned_torch(),
+                        f"torchbiggraph=={PBG_VERSION}", "setuptools<81"], check=True)  # fmt: skip
+    return bin_dir
+
+
+def pbg_data(args: argparse.Namespace) -> Tuple[Path, int]:
+    """PBG's entity and edge files of the example's synthetic training triples, and their count:
+    exported (TSV) and imported by PBG's importer once per graph, then reused."""
+    from examples.graph.data import load_dataset
+
+    name = f"synthetic-{args.entities}e-{args.relations}r-{args.triples}t-s{args.skew:g}-seed{args.seed}"
+    root = args.pbg_venv / "data" / name
+    done = root / "imported.json"
+    if done.is_file():
+        return root, json.loads(done.read_text())["edges"]
+    root.mkdir(parents=True, exist_ok=True)
+    data = load_dataset("synthetic", synthetic=dict(num_entities=args.entities, num_relations=args.relations,
+                                                    num_triples=args.triples, skew=args.skew, seed=args.seed))  # fmt: skip
+    tsv = root / "train.tsv"
+    print(f"[bench_graph] exporting {data.train.shape[0]:,} training triples of {data.name} to {tsv}", flush=True)
+    with open(tsv, "w") as f:
+        f.write("\n".join(map("\t".join, data.train.numpy().astype(str).tolist())) + "\n")
+    config = pbg_config(args, root, root / "checkpoint", 1)
+    bin_dir = pbg_venv(args.pbg_venv)
+    subprocess.run([str(bin_dir / "torchbiggraph_import_from_tsv"), "--lhs-col", "0", "--rel-col", "1", "--rhs-col", "2",
+                    str(config), str(tsv)], check=True, cwd=root, stdout=subprocess.DEVNULL)  # fmt: skip
+    # every entity has a row, as in the example's table (the importer counts those seen in edges)
+    (root / "entities" / "entity_count_entity_0.txt").write_text(f"{args.entities}\n")
+    tsv.unlink()
+    done.write_text(json.dumps({"edges": int(data.train.shape[0]), "entities": args.entities}) + "\n")
+    return root, int(data.train.shape[0])
+
+
+def pbg_config(args: argparse.Namespace, root: Path, checkpoint: Path, edge_chunks: int) -> Path:
+    """A PBG config file with the example's settings mapped one to one (where PBG has them)."""
+    from examples.graph.models import KGEConfig
+
+    bound = KGEConfig(model=args.model, dim=args.dim).init_bound
+    config = dict(
+        entity_path=str(root / "entities"),
+        edge_paths=[str(root / "edges")],
+        checkpoint_path=str(checkpoint),
+        entities={"entity": {"num_partitions": 1}},
+        relations=[{"name": "all", "lhs": "entity", "rhs": "entity", "operator": "translation"}],
+        dynamic_relations=True,
+        dimension=args.dim,
+        init_scale=bound / math.sqrt(3.0),  # PBG draws N(0, scale^2): the std of the example's U(-bound, bound)
+        global_emb=False,
+        comparator="l2",
+        loss_fn="logistic",
+        lr=args.lr,
+        relation_lr=args.lr,
+        num_epochs=1,
+        num_edge_chunks=edge_chunks,
+        batch_size=args.batch_size // args.nproc,
+        workers=args.nproc,
+        num_batch_negs=0,
+        num_uniform_negs=args.pbg_negatives,
+        eval_fraction=0.0,
+        hogwild_delay=0.0,
+        background_io=False,
+    )
+    path = checkpoint.parent / f"config_{checkpoint.name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"def get_torchbiggraph_config():\n    return {config!r}\n")
+    return path
+
+
+def run_pbg(args: argparse.Namespace, threads: int, timeout: float) -> Dict[str, Any]:
+    """One PBG training run, stopped after its second edge chunk: PBG's compute-only rate of that chunk
+    (the first is its warm-up: its workers start, import and touch the table while it is timed)."""
+    root, edges = pbg_data(args)
+    bin_dir = pbg_venv(args.pbg_venv)
+    chunks = max(2, round(edges / args.pbg_chunk_edges))
+    with tempfile.TemporaryDirectory(prefix="pbg_run_") as tmp:
+        config = pbg_config(args, root, Path(tmp) / "checkpoint", chunks)
+        cmd = [str(bin_dir / "torchbiggraph_train"), str(config)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)  # fmt: skip
+        timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        timer.start()
+        log: List[str] = []
+        chunks_seen: List["re.Match[str]"] = []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.append(line)
+                m = PBG_PROCESSED.search(line)
+                if m:
+                    chunks_seen.append(m)
+                    if len(chunks_seen) == 2:
+                        break
+        finally:
+            timer.cancel()
+            os.killpg(proc.pid, signal.SIGKILL)  # PBG and its Hogwild workers, before the checkpoint
+            proc.wait()
+        if len(chunks_seen) < 2:
+            raise TrainRunError(f"PBG printed no second edge chunk: {' '.join(cmd)}\n...{''.join(log)[-4000:]}")
+    n, s = int(chunks_seen[1].group(1)), float(chunks_seen[1].group(2))
+    return {
+        "samples_per_second": n / s, "pbg_edges": n, "pbg_compute_s": s, "pbg_edge_chunks": chunks,
+        "pbg_first_chunk_per_second": int(chunks_seen[0].group(1)) / float(chunks_seen[0].group(2)),
+        "wall_s": time.perf_counter() - t0, "loss": None, "mrr": None, "hits_at_1": None, "hits_at_3": None,
+        "hits_at_10": None, "gate_stall_fraction": 0.0, "command": f"torchbiggraph_train {config.name}",
+        "pbg_config": config.name, "pbg_log_tail": "".join(log[-5:]),
+    }  # fmt: skip
+
+
+def run_all(args: argparse.Namespace, variants: List[Tuple[str, int, List[str]]]) -> List[Dict[str, Any]]:
     from tqdm import tqdm
+
+    repeats, threads, timeout = args.repeats, args.threads, args.timeout
+    if any(name == "pbg" for name, _, _ in variants):
+        pbg_data(args)  # made before the first timed run
 
     order = [(r, (r + k) % len(variants)) for r in range(repeats) for k in range(len(variants))]
     runs: List[Dict[str, Any]] = []
@@ -94,10 +256,14 @@ def run_all(variants: List[Tuple[str, int, List[str]]], repeats: int, threads: i
         bar.set_postfix_str(f"r{rep} {name}")
         rec: Dict[str, Any] = {"variant": name, "repeat": rep}
         try:
-            s = run_train(TRAIN_PY, targs, nproc=nproc, threads=threads, timeout_s=timeout)
+            if name == "pbg":
+                s = run_pbg(args, threads, timeout)
+            else:
+                s = run_train(TRAIN_PY, targs, nproc=nproc, threads=threads, timeout_s=timeout)
             rec["summary"] = s
             mrr = "" if s["mrr"] is None else f" | MRR {s['mrr']:.4f}"
-            bar.write(f"r{rep} {name:<28} {s['samples_per_second']:>9,.0f} triples/s | loss {s['loss']:.4f}{mrr} | "
+            loss = "" if s["loss"] is None else f" | loss {s['loss']:.4f}"
+            bar.write(f"r{rep} {name:<28} {s['samples_per_second']:>9,.0f} triples/s{loss}{mrr} | "
                       f"gate stall {100 * s['gate_stall_fraction']:.1f}% | {s['wall_s']:.0f} s wall")  # fmt: skip
         except TrainRunError as e:
             rec["error"] = str(e)
@@ -123,13 +289,14 @@ def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str,
     stock = [v for v in ("table_wise", "row_wise") if med.get(v, {}).get("runs")]
     best = max(stock, key=lambda v: med[v]["samples_per_second"]) if stock else None
     perfect = nproc * med["alone"]["samples_per_second"] if med.get("alone", {}).get("runs") else None
-    # paired ratio: frugal / best stock within each repetition, then the median
+    # paired ratios: frugal / best stock (and / PBG) within each repetition, then the median
     by_rep: Dict[int, Dict[str, float]] = {}
     for r in runs:
         if r.get("summary"):
             by_rep.setdefault(r["repeat"], {})[r["variant"]] = r["summary"]["samples_per_second"]
     paired = [d["frugal"] / max(d[v] for v in stock if v in d) for d in by_rep.values()
               if "frugal" in d and any(v in d for v in stock)]  # fmt: skip
+    paired_pbg = [d["frugal"] / d["pbg"] for d in by_rep.values() if "frugal" in d and "pbg" in d]
     lines = ["| variant | ranks | triples/s (median) | min-max | vs best stock | vs perfect scaling | gate stall |",
              "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, o in med.items():
@@ -140,9 +307,16 @@ def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str,
             f"{o['samples_per_second_max']:,.0f} | {'-' if vs_best is None else f'{vs_best:.2f}x'} | "
             f"{'-' if vs_perfect is None else f'{vs_perfect:.2f}'} | {100 * o['gate_stall_fraction']:.1f}% |"
         )
-    facts = {"best_stock": best, "perfect_scaling": perfect, "frugal_vs_best_stock_paired": median_or_nan(paired) if paired else None}
+    facts = {
+        "best_stock": best,
+        "perfect_scaling": perfect,
+        "frugal_vs_best_stock_paired": median_or_nan(paired) if paired else None,
+        "frugal_vs_pbg_paired": median_or_nan(paired_pbg) if paired_pbg else None,
+    }
     if paired:
         lines.append(f"\nFrugal / best stock ({best}), median of per-repetition ratios: {median_or_nan(paired):.2f}x")
+    if paired_pbg:
+        lines.append(f"Frugal / PBG (compute-only), median of per-repetition ratios: {median_or_nan(paired_pbg):.2f}x")
     return "\n".join(lines), facts
 
 
@@ -207,16 +381,25 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None, help="default: 3 (speed), 1 (accuracy)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
-    ap.add_argument("--variants", nargs="+", choices=SPEED_VARIANTS, default=list(SPEED_VARIANTS))
+    ap.add_argument("--variants", nargs="+", choices=SPEED_VARIANTS, default=list(DEFAULT_SPEED_VARIANTS))
     ap.add_argument("--entities", type=int, default=2_000_000)
     ap.add_argument("--relations", type=int, default=1_000)
     ap.add_argument("--triples", type=int, default=8_000_000)
+    ap.add_argument("--skew", type=float, default=1.1, help="Zipf exponent of entity degrees")
+    ap.add_argument("--lr", type=float, default=0.1, help="speed suite: entity and relation learning rate")
     ap.add_argument("--model", default="transe_l2", help="speed suite model")
     ap.add_argument("--dim", type=int, default=400, help="speed suite (the paper's TransE dim)")
     ap.add_argument("--batch-size", type=int, default=1024, help="speed suite, global")
     ap.add_argument("--chunk-size", type=int, default=128)
     ap.add_argument("--negatives", type=int, default=128)
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--loader-workers", type=int, default=0,
+                    help="speed suite, train.py's: 0 makes each batch on the training thread (about 0.9 ms, less than "
+                         "receiving it from a worker), with no worker process beside the ranks on the cores")  # fmt: skip
+    ap.add_argument("--pbg-venv", type=Path, default=ROOT / ".venv-pbg", help="PBG's environment (made when missing) and data")
+    ap.add_argument("--pbg-negatives", type=int, default=None,
+                    help="PBG's uniform negatives per side (default: --negatives / 2, the example's scores per positive)")
+    ap.add_argument("--pbg-chunk-edges", type=int, default=300_000, help="PBG: edges of an edge chunk (the second is timed)")
     ap.add_argument("--datasets", nargs="+", choices=ACCURACY_DATASETS, default=list(ACCURACY_DATASETS))
     ap.add_argument("--models", nargs="+", choices=sorted(ACCURACY_ARGS), default=sorted(ACCURACY_ARGS))
     ap.add_argument("--accuracy-steps", type=int, default=1500)
@@ -228,6 +411,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.repeats = 3 if args.suite == "speed" else 1
     if args.threads is None:
         args.threads = max(1, (os.cpu_count() or 1) // args.nproc)
+    if args.pbg_negatives is None:
+        args.pbg_negatives = max(1, args.negatives // 2)
     return args
 
 
@@ -235,7 +420,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     variants = speed_variants(args) if args.suite == "speed" else accuracy_variants(args)
     t0 = time.perf_counter()
-    runs = run_all(variants, args.repeats, args.threads, args.timeout)
+    runs = run_all(args, variants)
     med = medians(variants, runs)
     status = 0
     facts: Dict[str, Any] = {}

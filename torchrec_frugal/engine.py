@@ -19,7 +19,7 @@ there, and the next step's gate waits for that update.
 
 No rank is special after set-up: the gate reads every owner's progress counters in shared memory.
 
-On CUDA (``device.py``) host rows are read and written through the device's mapping of the
+On CUDA (``host_tables``, ``streams``) host rows are read and written through the device's mapping of the
 shared segment (or a pinned staging copy), flushes run on a side stream ordered after the
 update by an event, and an owner publishes its flush progress only once the flush's event is
 reached, so a peer's gate opens exactly when the host rows it reads are current.
@@ -28,6 +28,23 @@ The parts, each in its module: ``local_group`` and ``shared_tables`` (set-up), `
 (ownership, the store), ``lookahead_feed`` (announce, publish, ingest), ``gradient_exchange``,
 ``owner_update`` (the optimizer on owned rows), ``flusher`` (queue, flusher threads, FLUSHED),
 ``gate`` (counters and waits).
+
+Which thread runs each job of the lookahead and the update, per rank (the owner first, then where
+the same job also runs today, serialised by a lock, until each runs on its owner only):
+
+=======  ==============================================  ================================================
+job      owner                                           also run by
+=======  ==============================================  ================================================
+publish  the lookahead worker on an accelerator, the     nobody
+         exchange worker on a CPU device
+ingest   the lookahead worker on an accelerator, the     the training thread while its gate waits, and
+         exchange worker (at the update) on a CPU       a publish waiting for a ring slot (its thread)
+update   the exchange worker                             nobody
+flush    the flusher threads (none: the exchange        the exchange worker (the rows the next step
+         worker)                                         reads, and while it waits for its peers), the
+                                                         training thread at a gate without flushers and
+                                                         in :meth:`FrugalEngine.flush`
+=======  ==============================================  ================================================
 """
 from __future__ import annotations
 

@@ -8,11 +8,13 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from examples.graph.models import (
     MODELS,
     KGBatch,
     KGEConfig,
+    RelationTable,
     kge_loss,
     query,
     score_all,
@@ -170,3 +172,25 @@ def test_loader_workers_make_the_training_threads_batches() -> None:
     del partial  # as train.py ends: its workers stop
     gc.collect()
     assert set(multiprocessing.active_children()) == children
+
+
+def test_relation_table_steps_as_dense_adagrad_bit_for_bit() -> None:
+    """RelationTable (the touched rows, in the backward) against a dense nn.Embedding stepped in
+    full by torch.optim.Adagrad: equal weights and sums after steps with repeated and untouched ids."""
+    gen = torch.Generator().manual_seed(0)
+    table = RelationTable(20, 8, lr=0.1, device=torch.device("cpu"))
+    seeded_uniform_(table.weight, 0.5, seed=1)
+    dense = nn.Embedding(20, 8)
+    dense.weight.data.copy_(table.weight)
+    opt = torch.optim.Adagrad(dense.parameters(), lr=0.1)
+    for _ in range(5):
+        ids = torch.randint(0, 12, (30,), generator=gen)  # rows 12.. never touched
+        target = torch.randn(30, 8, generator=gen)
+        for rows in (table(ids), dense(ids)):
+            ((rows - target) ** 2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert torch.equal(table.weight, dense.weight.detach())
+    assert torch.equal(table.sum, opt.state[dense.weight]["sum"])
+    initial = seeded_uniform_(torch.empty(20, 8), 0.5, seed=1)
+    assert not torch.equal(table.weight[:12], initial[:12]) and torch.equal(table.weight[12:], initial[12:])

@@ -399,7 +399,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--pbg-venv", type=Path, default=ROOT / ".venv-pbg", help="PBG's environment (made when missing) and data")
     ap.add_argument("--pbg-negatives", type=int, default=None,
                     help="PBG's uniform negatives per side (default: --negatives / 2, the example's scores per positive)")
-    ap.add_argument("--pbg-chunk-edges", type=int, default=300_000, help="PBG: edges of an edge chunk (the second is timed)")
+    ap.add_argument("--pbg-chunk-edges", type=int, default=150_000,
+                    help="PBG: edges of an edge chunk (the second is timed; about the example's timed triples)")
     ap.add_argument("--datasets", nargs="+", choices=ACCURACY_DATASETS, default=list(ACCURACY_DATASETS))
     ap.add_argument("--models", nargs="+", choices=sorted(ACCURACY_ARGS), default=sorted(ACCURACY_ARGS))
     ap.add_argument("--accuracy-steps", type=int, default=1500)
@@ -440,6 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = {
         "suite": args.suite,
         "headline": headline,
+        "total_wall_s": time.perf_counter() - t0,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "runs": runs,

@@ -197,7 +197,7 @@ def shard_plan(
             require_cuda_fbgemm(device, f"this plan ({', '.join(stock)} tables)")
         if hardware is not None:  # the chosen L (none: the plan has no frugal table, nothing to read ahead for)
             args.lookahead = planner.lookahead if planner.lookahead is not None else 0
-        return sharder, plan
+        return planner.sharders()[0], plan  # the sharder with the planner's L (the one given stays as it was)
     sharder = stock_sharder()
     planner = EmbeddingShardingPlanner(
         topology=topo,

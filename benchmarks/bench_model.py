@@ -38,14 +38,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
-from torchrec_frugal.calibrate import TrainingRun, fit_training  # noqa: E402
+from torchrec_frugal.calibrate import TrainingRun, fit_rates, fit_training  # noqa: E402
 from torchrec_frugal.cost_model import CostModel, Plan  # noqa: E402
 from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD  # noqa: E402  train.py's defaults
 from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
@@ -193,6 +193,47 @@ def repredict(args: argparse.Namespace, profile: HardwareProfile) -> int:
     return 0
 
 
+def recorded_runs(points: Sequence[Dict[str, Any]], scale: Optional[float]) -> List[Tuple[str, TrainingRun]]:
+    """(config, run) of every measured point: its workload, the plan it ran, its samples/s."""
+    return [(p["config"], TrainingRun(workload(p["config"], p["batch"], p["ranks"], p["threads"], scale),
+                                      run_plan(p["sharder"], p["measured"].get("plan")), p["measured"]["samples_per_second"]))
+            for p in points if p.get("measured")]  # fmt: skip
+
+
+def fit_recorded_stage(args: argparse.Namespace, profile: HardwareProfile) -> int:
+    """Refit ``--profile`` on recorded runs, timing nothing: the measured points of ``--repredict``
+    and the stage-2 runs the profile holds (``extra.training_fit.points``), with the last-level
+    cache of ``--llc-bytes`` (:func:`torchrec_frugal.calibrate.fit_rates`). Then the same fit leaving
+    out each config in turn, predicting the left-out config's points (how far the fit carries)."""
+    llc = args.llc_bytes or profile.llc_bytes
+    if not llc:
+        raise SystemExit("--fit-recorded needs --llc-bytes (the last-level cache of one node) or a profile that has it")
+    points = json.loads(args.repredict.read_text())["points"] + profile.extra.get("training_fit", {}).get("points", [])
+    runs = recorded_runs(points, args.scale)
+    fitted, report = fit_rates([r for _, r in runs], profile, llc)
+    held_out: Dict[str, Any] = {}
+    for config in dict.fromkeys(c for c, _ in runs):
+        part, _ = fit_rates([r for c, r in runs if c != config], profile, llc)
+        model = CostModel(part)
+        errs = [abs(model.predict(r.workload, r.plan).step_s / r.step_s - 1.0) for c, r in runs if c == config]
+        held_out[config] = {"points": len(errs), "median_abs_step_error": statistics.median(errs),
+                            "within_20pct": sum(e <= 0.2 for e in errs)}  # fmt: skip
+        print(f"left out {config}: median |step error| {100 * held_out[config]['median_abs_step_error']:.1f}%, "
+              f"within 20%: {held_out[config]['within_20pct']} of {len(errs)}")  # fmt: skip
+    report["leave_one_config_out"] = held_out
+    report["measured_in"] = [str(args.repredict), "extra.training_fit.points"]
+    out = dataclasses.replace(
+        fitted, name=args.fit_recorded.stem,
+        notes=(profile.notes + "; " if profile.notes else "") + f"{', '.join(report['fitted'])} refitted to {len(runs)} "
+        f"recorded runs of examples/dlrm/train.py (benchmarks/bench_model.py --fit-recorded; docs/cost_model.md)",
+        extra={**profile.extra, "recorded_fit": report},
+    )  # fmt: skip
+    out.save(args.fit_recorded)
+    print(json.dumps(report["fitted"], indent=1))
+    print(f"rms relative error of the fit: {100 * report['rms_relative_error']:.1f}%; wrote {args.fit_recorded}")
+    return 0
+
+
 def write_report(args: argparse.Namespace, profile: HardwareProfile, points: List[Dict[str, Any]],
                  extra: Dict[str, Any]) -> None:  # fmt: skip
     table = markdown([p for p in points if "predicted" in p], profile.name)
@@ -251,7 +292,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     help="run nothing: predict the measured points of an earlier --json with --profile")
     ap.add_argument("--fit-profile", type=Path, metavar="OUT",
                     help="calibration stage 2: fit --profile's framework terms to runs of the training loop, write OUT")
+    ap.add_argument("--fit-recorded", type=Path, metavar="OUT",
+                    help="run nothing: refit --profile's rates on the runs of --repredict JSON (and the profile's "
+                         "stage-2 runs), write OUT")  # fmt: skip
+    ap.add_argument("--llc-bytes", type=float, default=None,
+                    help="last-level cache of one node for --fit-recorded (default: the profile's)")
     args = ap.parse_args(argv)
+    if args.fit_recorded and not args.repredict:
+        ap.error("--fit-recorded needs --repredict JSON (the recorded runs)")
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
     return args
@@ -260,6 +308,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     profile = load_profile(args.profile)
+    if args.fit_recorded:
+        return fit_recorded_stage(args, profile)
     if args.repredict:
         return repredict(args, profile)
     train_py = ROOT / "examples" / "dlrm" / "train.py"

@@ -16,7 +16,7 @@ TABLE_TERMS = ("embedding_lookup", "host_reads", "embedding_update", "gradient_e
 
 
 def frugal_table_terms(
-    p: Primitives, x: TableTraffic, world: int, row_bytes: float, state_bytes: float
+    p: Primitives, x: TableTraffic, world: int, row_bytes: float, state_bytes: float, resident: float = 0.0
 ) -> Dict[str, Tuple[float, ...]]:
     """One frugal table's seconds on one rank of an engine of ``world`` ranks, by :data:`TABLE_TERMS`
     (each term's parts in the order they add up). The one price of a frugal table: the cost model
@@ -27,7 +27,8 @@ def frugal_table_terms(
     update of its rows (on an accelerator, uncached ones first brought into dynamic slots),
     gradients staged through host memory to their owners, and the flushes: the rows due next step
     on the training thread, the rest on the flushers (on a CPU device, which has no flusher thread,
-    all on the training thread)."""
+    all on the training thread). ``resident``: the share of the table held in the last-level
+    cache (:func:`.primitives.llc_shares`), which prices its device gathers and scatters."""
     hw, rb, sf = p.hw, row_bytes, state_bytes
     owned = x.unique_all / world
     reads: Tuple[float, ...] = (p.host_read(x.host_rows, rb),)
@@ -38,9 +39,9 @@ def frugal_table_terms(
     else:
         inline, background = (p.host_write(x.inline_rows, rb + sf),), (p.host_write(x.flushed_rows - x.inline_rows, rb + sf),)
     return {
-        "embedding_lookup": (p.device_gather(x.unique_rank - x.host_rows, rb) + x.ids * hw.frugal_id_s,),
+        "embedding_lookup": (p.device_gather(x.unique_rank - x.host_rows, rb, resident) + x.ids * hw.frugal_id_s,),
         "host_reads": reads,
-        "embedding_update": (p.device_gather(owned, rb + sf) + p.device_scatter(owned, rb + sf),),
+        "embedding_update": (p.device_gather(owned, rb + sf, resident) + p.device_scatter(owned, rb + sf, resident),),
         "gradient_exchange": (p.d2h(x.unique_rank * rb) + 2 * p.memcpy(x.unique_rank * (rb + INDEX_BYTES)) + p.h2d(owned * rb),),
         "flush_inline": inline,
         "flushers": background,
@@ -68,7 +69,7 @@ class FrugalCost:
         sums = dict.fromkeys(TABLE_TERMS, 0.0)
         mem = 0.0
         for t, x in zip(w.tables, tr):
-            for k, parts in frugal_table_terms(p, x, W, t.dim * F32, sf).items():
+            for k, parts in frugal_table_terms(p, x, W, t.dim * F32, sf, p.resident.get(t.name, 0.0)).items():
                 for v in parts:
                     sums[k] += v
             mem += int(plan.cache_ratio * t.rows + 1e-9) * (t.dim * F32 + sf)
@@ -117,7 +118,7 @@ class FrugalCost:
         draws = None if w.presample_draws is None else w.presample_draws / N
         node = replace(w, tables=blocks, world_size=R, nodes=1, presample_draws=draws)
         traffic = [table_traffic(t, node, plan, self.hw.device_is_host) for t in blocks]
-        terms, mem, threads, details = self.engine(node, plan, Primitives(self.hw, R), traffic)
+        terms, mem, threads, details = self.engine(node, plan, Primitives(self.hw, R, resident=p.resident), traffic)
         dim_sum = sum(t.dim for t in w.tables)
         ids = sum(t.ids for t in traffic)  # a rank's own ids, spread over the N blocks
         # With L >= 1 a batch's ids cross L steps early, to feed the owning nodes' windows, and its

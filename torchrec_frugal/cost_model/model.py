@@ -6,7 +6,7 @@ from typing import Dict
 
 from ..profiles import HardwareProfile
 from .frugal import FrugalCost
-from .primitives import Primitives
+from .primitives import Primitives, llc_shares
 from .stock import StockCost
 from .traffic import table_traffic
 from .workload import (
@@ -43,9 +43,10 @@ class CostModel:
         """The predicted step of ``plan``: the terms every step pays (dense compute, DDP, the
         training loop), plus for each sharding the terms of its tables, priced as if they were the
         only tables (the frugal tables share one engine per node: its fixed host work, barrier,
-        gradient exchange and flushers; the tables of one stock sharding share its all-to-alls),
+        gradient exchange and flushers; the tables of one stock sharding share its all-to-alls;
+        the share of each table the last-level cache holds counts every table of the node),
         then the gate stall and the contention of the whole step."""
-        p = Primitives(self.hw, w.world_size, w.ranks_per_node)
+        p = Primitives(self.hw, w.world_size, w.ranks_per_node, resident=self._llc_resident(w))
         terms = dict.fromkeys(TERMS, 0.0)
         terms.update(self._common(w, p))
         groups = plan.groups(w)
@@ -100,6 +101,15 @@ class CostModel:
             details=details,
             by_sharding=by_sharding,
         )
+
+    def _llc_resident(self, w: Workload) -> Dict[str, float]:
+        """Share of each table held in a node's last-level cache (:func:`.primitives.llc_shares`):
+        a node holds 1/nodes of every table's rows with their optimizer state. Empty on a profile
+        without ``llc_bytes``."""
+        if not self.hw.has_llc:
+            return {}
+        nbytes = [t.rows * (t.dim + w.state_floats_per_row) * F32 / w.nodes for t in w.tables]
+        return dict(zip((t.name for t in w.tables), map(float, llc_shares(nbytes, float(self.hw.llc_bytes)))))
 
     def _host_bytes(self, w: Workload, plan: Plan, per_device: float) -> float:
         """Host memory of one node: the frugal tables, whole, once per node (frugal_row_wise: the

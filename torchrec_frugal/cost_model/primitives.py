@@ -2,7 +2,9 @@
 on a hardware profile."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
 
 from ..profiles import HardwareProfile, ProfileError
 
@@ -13,12 +15,16 @@ class Primitives:
 
     Collectives also count the bytes one rank sends to ranks of its own node and of other nodes
     (``bytes_within``, ``bytes_between``): what ``examples/comm_counter.py`` measures.
+    ``resident`` maps a table's name to the share of its bytes held in the last-level cache
+    (:func:`llc_shares`; a profile without ``llc_bytes`` prices every row at the memory rates).
     """
 
-    def __init__(self, hw: HardwareProfile, world: int, ranks_per_node: Optional[int] = None) -> None:
+    def __init__(self, hw: HardwareProfile, world: int, ranks_per_node: Optional[int] = None,
+                 resident: Optional[Mapping[str, float]] = None) -> None:  # fmt: skip
         self.hw = hw
         self.world = world
         self.local = ranks_per_node or world
+        self.resident: Dict[str, float] = dict(resident or {})
         self.bytes_within = 0.0
         self.bytes_between = 0.0
 
@@ -77,12 +83,19 @@ class Primitives:
         speed = self.hw.dense_flops_per_s * (1.0 + (threads - 1) * self.hw.dense_thread_efficiency)
         return flops / speed + ops * self.hw.op_overhead_s
 
-    def device_gather(self, rows: float, row_bytes: float) -> float:
-        """Random rows read in device memory: at least one 128-byte line per row."""
-        return rows * max(row_bytes, 128.0) / self.hw.device_gather_bw
+    def device_gather(self, rows: float, row_bytes: float, resident: float = 0.0) -> float:
+        """Random rows read in device memory: at least one 128-byte line per row; the share
+        ``resident`` of them from the last-level cache (a table held there) at its rate."""
+        return self._random_rows(rows, row_bytes, resident, self.hw.device_gather_bw, self.hw.llc_gather_bw)
 
-    def device_scatter(self, rows: float, row_bytes: float) -> float:
-        return rows * max(row_bytes, 128.0) / self.hw.device_scatter_bw
+    def device_scatter(self, rows: float, row_bytes: float, resident: float = 0.0) -> float:
+        return self._random_rows(rows, row_bytes, resident, self.hw.device_scatter_bw, self.hw.llc_scatter_bw)
+
+    def _random_rows(self, rows: float, row_bytes: float, resident: float, mem_bw: float, llc_bw: Optional[float]) -> float:
+        nbytes = rows * max(row_bytes, 128.0)
+        if resident <= 0.0 or llc_bw is None:
+            return nbytes / mem_bw
+        return nbytes * ((1.0 - resident) / mem_bw + resident / llc_bw)
 
     def device_stream(self, nbytes: float) -> float:
         return nbytes / self.hw.device_mem_bw
@@ -110,6 +123,19 @@ class Primitives:
 
     def d2h(self, nbytes: float) -> float:
         return 0.0 if self.hw.device_is_host else nbytes / self.hw.d2h_bw
+
+
+def llc_shares(table_bytes: Sequence[float], llc_bytes: float) -> np.ndarray:
+    """Share of each table's bytes held in a last-level cache of ``llc_bytes``: the smallest
+    tables fill it first (a step touches every table, and a small table's rows are reused before
+    the cache evicts them); the first table that does not fit whole holds the rest, larger ones
+    nothing. Hot rows of a large table that stay cached are left to the memory rate's fit."""
+    b = np.asarray(table_bytes, dtype=np.float64)
+    order = np.argsort(b, kind="stable")
+    before = np.cumsum(b[order]) - b[order]
+    out = np.empty_like(b)
+    out[order] = np.clip((llc_bytes - before) / np.maximum(b[order], 1.0), 0.0, 1.0)
+    return out
 
 
 def assign_tables(costs: Sequence[float], ranks: int) -> List[List[int]]:

@@ -31,21 +31,23 @@ class StockCost:
         W, B, T = w.world_size, w.batch_size, len(w.tables)
         rb = [t.dim * F32 for t in w.tables]
         sb = [t.dim * F32 + w.state_floats_per_row * F32 for t in w.tables]  # a row with its state
+        llc = [p.resident.get(t.name, 0.0) for t in w.tables]
 
         def lookup(i: int, ids: float, rows: float) -> float:
-            """Each distinct row comes from memory once; every id costs the kernel's per-id work
-            (repeats of a row hit the caches: kernel_id_s is measured on a cache-resident table)."""
-            return p.device_gather(rows, rb[i]) + ids * self.hw.kernel_id_s
+            """Each distinct row comes from memory once (or from the last-level cache, for the
+            share of its table held there); every id costs the kernel's per-id work (repeats of a
+            row hit the caches: kernel_id_s is measured on a cache-resident table)."""
+            return p.device_gather(rows, rb[i], llc[i]) + ids * self.hw.kernel_id_s
 
         def update(i: int, rows: float) -> float:
-            return p.device_gather(rows, sb[i]) + p.device_scatter(rows, sb[i])
+            return p.device_gather(rows, sb[i], llc[i]) + p.device_scatter(rows, sb[i], llc[i])
 
         dim_sum = sum(t.dim for t in w.tables)
         ids_sent = sum(t.ids for t in tr) * (W - 1) / W
         terms: Dict[str, float] = {}
         if sharding == "table_wise":
             costs = [lookup(i, W * t.ids, t.unique_all) + update(i, t.unique_all) for i, t in enumerate(tr)]
-            ranks = assign_tables(costs, W)
+            ranks = assign_tables(self._placement_costs(w, tr, costs), W)
             busiest = max(ranks, key=lambda r: sum(costs[i] for i in r))
             terms["embedding_lookup"] = sum(lookup(i, W * tr[i].ids, tr[i].unique_all) for i in busiest)
             terms["embedding_update"] = sum(update(i, tr[i].unique_all) for i in busiest)
@@ -76,6 +78,16 @@ class StockCost:
         return terms, mem, 0.0
 
 
+    def _placement_costs(self, w: Workload, tr: List[TableTraffic], costs: List[float]) -> List[float]:
+        """What TorchRec's greedy partitioner balances, largest first. Its estimates scale with the
+        ids and the row size, not with the distinct rows or the cache; the model's own table costs
+        stand in for them where they scale alike. On a profile that prices the last-level cache
+        (fitted to the training loop: a per-row rate far from the per-id one) they do not, and
+        the placement follows the ids and row sizes."""
+        if not self.hw.has_llc:
+            return costs
+        return [w.world_size * x.ids * t.dim for t, x in zip(w.tables, tr)]
+
     def _table_row_wise(
         self, w: Workload, p: Primitives, tr: List[TableTraffic], lookup: Callable[[int, float, float], float],
         update: Callable[[int, float], float],
@@ -87,7 +99,8 @@ class StockCost:
         W, N, R, B = w.world_size, w.nodes, w.ranks_per_node, w.batch_size
         sb = [t.dim * F32 + w.state_floats_per_row * F32 for t in w.tables]
         costs = [lookup(i, W * t.ids, t.unique_all) + update(i, t.unique_all) for i, t in enumerate(tr)]
-        node = max(assign_tables(costs, N), key=lambda n: sum(costs[i] for i in n))  # the busiest node's tables
+        placed = assign_tables(self._placement_costs(w, tr, costs), N)
+        node = max(placed, key=lambda n: sum(costs[i] for i in n))  # the busiest node's tables
         dim_node = sum(w.tables[i].dim for i in node)
         terms = {
             "embedding_lookup": sum(lookup(i, W * tr[i].ids / R, tr[i].unique_all / R)

@@ -76,12 +76,21 @@ class HardwareProfile:
     network_latency_s: Optional[float] = None  # per remote peer and call
     host_memory_bytes: Optional[float] = None  # per node: holds Frugal's tables (None: not checked)
     frugal_kernel_id_s: Optional[float] = None  # per id: Frugal's pooling and its transposed backward (None: kernel_id_s)
+    # the last-level cache (optional: None prices every row at the memory rates above)
+    llc_bytes: Optional[float] = None  # last-level cache of one node, shared by its ranks
+    llc_gather_bw: Optional[float] = None  # random rows gathered from a table held in the last-level cache
+    llc_scatter_bw: Optional[float] = None  # random rows written into a table held in the last-level cache
     notes: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form facts (measured points, dates)
 
     @property
     def device_is_host(self) -> bool:
         return self.device == "cpu"
+
+    @property
+    def has_llc(self) -> bool:
+        """Whether gathers and scatters distinguish tables held in the last-level cache."""
+        return self.llc_bytes is not None and self.llc_gather_bw is not None and self.llc_scatter_bw is not None
 
     @property
     def frugal_id_s(self) -> float:
@@ -121,7 +130,8 @@ class HardwareProfile:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
-_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s"}
+_LLC = ("llc_bytes", "llc_gather_bw", "llc_scatter_bw")
+_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s", *_LLC}
 _OBSOLETE = {"engine_step_s", "engine_row_s"}
 """Fields of profiles written before the planned step (the engine's host work priced on the training
 thread); a file holding them still loads, without them (docs/cost_model.md, "Frugal's threads")."""
@@ -148,7 +158,7 @@ def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProf
         if name not in d:
             continue
         v = d[name]
-        if name in ("network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s") and v is None:
+        if name in ("network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s", *_LLC) and v is None:
             out[name] = None
             continue
         if name in ("name", "description", "notes"):
@@ -175,6 +185,8 @@ def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProf
                 raise ProfileError(f"{where}: field {name!r} must be {'>= 0' if name in _NONNEGATIVE else '> 0'}, got {v!r}")
             v = float(v)
         out[name] = v
+    if len({out.get(k) is None for k in _LLC}) > 1:
+        raise ProfileError(f"{where}: fields {', '.join(_LLC)} go together: set all three or none")
     if out["dense_thread_efficiency"] > 1:
         raise ProfileError(f"{where}: field 'dense_thread_efficiency' must be in [0, 1], got {out['dense_thread_efficiency']}")
     return HardwareProfile(**out)

@@ -2,8 +2,9 @@
 
 The counterpart of TorchRec's ``embedding_lookup.py``: it groups the sharding's tables by engine
 (:class:`~.embedding_kernel.FrugalTableGroup`), maps the KJT onto each group's unique rows, and
-returns pooled ([B, sum dims]) or sequence ([values, dim]) embeddings. Announced batches (the
-lookahead) keep their rows for their own forward.
+returns pooled ([B, sum dims]) or sequence ([values, dim]) embeddings; where each feature lies in
+the groups, its bags and the output assembled from them are :mod:`.feature_layout`'s. Announced
+batches (the lookahead) keep their rows for their own forward.
 
 A batch can also be planned ahead (:meth:`FrugalEmbeddingLookup.plan`, on a planner thread): its
 unique rows, the engines' step plans, the inverse, bag offsets and pooling weights, and the bags
@@ -17,22 +18,23 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding_sharding import BaseEmbeddingLookup
-from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
 from ..errors import FrugalError, FrugalInputError
-from ..int_sort import SortedUnique, sorted_unique, unique_inverse
+from ..int_sort import sorted_unique, unique_inverse
 from ..streams import REACHED, CopyStream, Marker
-from .bounds_check import OutOfRangeLog, RowZero, row_zero
+from .bounds_check import OutOfRangeLog, RowZero
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
-from .row_pooling import TransposedBags, gather_rows, pool_rows, transpose_bags, transpose_sorted_bags
+from .feature_layout import FeatureLayout, sample_major
+from .row_pooling import TransposedBags, transpose_bags
 from .types import FrugalTable
+
+__all__ = ["AnnounceDist", "BatchPlan", "FrugalEmbeddingLookup", "sample_major"]
 
 
 @dataclass
@@ -53,30 +55,6 @@ class BatchPlan:
     ready: Marker
     num_values: int  # ids of the batch in this lookup's features: a forward's cheap consistency check
     stride: int
-
-
-def sample_major(lengths: torch.Tensor, num_features: int, stride: int, num_values: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(order, lengths) of a group's bags sample by sample: ``values[order]`` lists bag (b, f) at
-    position b * F + f, as TorchRec's pooled output [B, F d] lays them out, where a KJT lists
-    them feature by feature (``lengths``: F * B, feature-major). Pooling in this order writes the
-    output in place: no transpose of [F B, d] and none of its gradient."""
-    lengths = lengths.to(torch.int64)
-    if one_value_a_bag(lengths, num_values):  # criteo's and avazu's features: a transpose of [F, B]
-        return torch.from_numpy(np.arange(num_values).reshape(num_features, stride).T.reshape(-1)), lengths
-    starts = torch.zeros_like(lengths)
-    torch.cumsum(lengths[:-1], 0, out=starts[1:])
-    by_sample = lengths.view(num_features, stride).t().reshape(-1)
-    sample_starts = torch.zeros_like(by_sample)
-    torch.cumsum(by_sample[:-1], 0, out=sample_starts[1:])
-    shift = starts.view(num_features, stride).t().reshape(-1) - sample_starts
-    order = torch.repeat_interleave(shift, by_sample, output_size=num_values) + torch.arange(num_values, device=lengths.device)
-    return order, by_sample
-
-
-def one_value_a_bag(lengths: torch.Tensor, num_values: int) -> bool:
-    """Whether every bag of CPU ``lengths`` holds one value (numpy: a tenth of PyTorch's time to
-    compare 100k lengths); False on a device, whose lengths the host does not read."""
-    return lengths.device.type == "cpu" and num_values == lengths.numel() and bool(np.all(lengths.numpy() == 1))
 
 
 class AnnounceDist(Protocol):
@@ -102,13 +80,10 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         announce_dist: Optional[AnnounceDist] = None,
     ) -> None:
         super().__init__()
-        self._pooled = pooled
         # What a future batch's ids go through before they reach this lookup (frugal_row_wise:
         # the input dist to the owning nodes, a collective); None: they reach it as they are.
         self._announce_dist = announce_dist
         self._device = device
-        # Position of each KJT feature this lookup receives -> (group, table index in group).
-        self._feature_names: List[str] = [f for t in tables for f in t.feature_names]
         keyed: Dict[Tuple[Any, ...], List[FrugalTable]] = {}
         for t in tables:
             o = t.optimizer
@@ -117,29 +92,8 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         self.groups = nn.ModuleList(FrugalTableGroup(ts, config, pg, device, checkpoint_pg) for ts in keyed.values())
         # The same groups as a plain list: a step's calls go through them without nn.Module's lookup.
         self._group_list: List[FrugalTableGroup] = list(self.groups)
-        where = {t.name: (gi, g.table_index[t.name]) for gi, g in enumerate(self.groups) for t in g.tables}
-        self._positions: List[List[int]] = [[] for _ in self.groups]
-        self._position_table: List[int] = []
-        for p, (table, feature) in enumerate((t, f) for t in tables for f in t.feature_names):
-            gi, ti = where[table.name]
-            self._positions[gi].append(p)
-            self._position_table.append(ti)
-        # Per group, the table index of each of its features (in its order), for one batched check,
-        # and its features' span of positions when they lie side by side (one slice of the KJT).
-        self._group_tables = [[self._position_table[p] for p in ps] for ps in self._positions]
-        self._spans: List[Optional[Tuple[int, int]]] = [
-            (ps[0], ps[-1] + 1) if ps[-1] - ps[0] + 1 == len(ps) else None for ps in self._positions
-        ]
-        self._features_of_table: List[Dict[int, List[str]]] = [
-            {ti: [self._feature_names[p] for p in ps if self._position_table[p] == ti] for ti in range(len(g.tables))}
-            for g, ps in zip(self.groups, self._positions)
-        ]
-        # Per group, whether each of its tables is read by one feature of this lookup: a row's
-        # values then lie in one feature (the planner reuses the rows' sort for the backward).
-        self._one_feature_per_table = [all(len(fs) <= 1 for fs in by_table.values()) for by_table in self._features_of_table]
-        self._mean_positions = torch.tensor(
-            [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names], dtype=torch.bool
-        )
+        # Where each KJT feature lies in the groups, its bags, and the output assembled from them.
+        self._layout = FeatureLayout(tables, self._group_list, pooled, device)
         # Leaf that makes the lookup's output require grad, so backward reaches the engines.
         self._anchor = torch.zeros(0, requires_grad=True)
         # Per announced future batch (aligned with each group's announced rows): its ids and the
@@ -152,16 +106,9 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     @property
     def feature_names(self) -> List[str]:
-        return self._feature_names
+        return self._layout.feature_names
 
     # ------------------------------------------------------------------ rows of a batch
-    def _check_layout(self, features: KeyedJaggedTensor) -> None:
-        keys = features.keys()
-        if keys != self._feature_names:
-            raise FrugalInputError(f"frugal lookup expects features {self._feature_names}, got {keys}")
-        if features.variable_stride_per_key():
-            raise FrugalInputError("frugal sharding does not support variable batch size per feature")
-
     def group_rows(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Per group, the batch's unique fused rows (ids validated) and each value's index into them.
 
@@ -175,42 +122,12 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         range is read as row 0 of its table or refuses the batch, by the table's bounds_check_mode
         (:mod:`.bounds_check`); raises, naming the feature, on a refused id or a wrong dtype.
         ``log``: report the ids read as row 0 (False: a check whose batch is looked up again later)."""
-        self._check_layout(features)
-        values, keys, opk = features.values(), features.keys(), features.offset_per_key()
-        out = []
+        self._layout.check(features)
         repairs: List[RowZero] = []
-        for g, positions, tables, span in zip(self.groups, self._positions, self._group_tables, self._spans):
-            if span is not None:
-                ids = values[opk[span[0]] : opk[span[1]]]
-            else:
-                ids = torch.cat([values[opk[p] : opk[p + 1]] for p in positions])
-            fused = g.fused_rows_of_tables(tables, [opk[p + 1] - opk[p] for p in positions], ids)
-            if fused is None:  # a wrong id or dtype: feature by feature, read as row 0 or named
-                fused = self._fused_by_feature(g, positions, features, repairs)
-            out.append(fused)
+        out = self._layout.fused_ids(features, repairs)
         if repairs and log:  # the whole batch accepted: report what was read as row 0
             self.out_of_range.report(repairs)
         return out
-
-    def _fused_by_feature(
-        self, g: FrugalTableGroup, positions: List[int], features: KeyedJaggedTensor, repairs: List[RowZero]
-    ) -> torch.Tensor:
-        """Group ``g``'s fused rows of a batch whose batched check failed: feature by feature, ids
-        out of range set to row 0 (appended to ``repairs``) or refused, as each table's mode says."""
-        values, keys, opk = features.values(), features.keys(), features.offset_per_key()
-        parts = []
-        for p in positions:
-            ti = self._position_table[p]
-            table, ids = g.tables[ti], values[opk[p] : opk[p + 1]]
-            try:
-                if ids.dtype in (torch.int64, torch.int32):
-                    ids, repair = row_zero(ids, table.num_embeddings, table.name, keys[p], table.bounds_check)
-                    if repair is not None:
-                        repairs.append(repair)
-                parts.append(g.fused_rows(ti, ids))
-            except FrugalInputError as e:
-                raise FrugalInputError(f"feature {keys[p]!r}: {e}; nothing was changed") from None
-        return torch.cat(parts)
 
     def _rows_for_forward(self, features: KeyedJaggedTensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """The rows of the batch announced for this step if ``features`` are that batch's ids (no
@@ -221,55 +138,9 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             and torch.equal(ahead.lengths, features.lengths().cpu())
             and torch.equal(ahead.values, features.values().cpu())
         ):
-            self._check_layout(features)
+            self._layout.check(features)
             return ahead.group_rows
         return self.group_rows(features)
-
-    def _group_batches(
-        self, features: KeyedJaggedTensor, group_rows: List[Tuple[torch.Tensor, torch.Tensor]], device: Optional[torch.device] = None
-    ) -> List[GroupBatch]:
-        """Each group's share of ``features`` (inverse on ``device``, default the lookup's)."""
-        return [b for b, _ in self._laid_out(features, group_rows, device)]
-
-    def _laid_out(
-        self, features: KeyedJaggedTensor, group_rows: List[Tuple[torch.Tensor, torch.Tensor]], device: Optional[torch.device] = None
-    ) -> List[Tuple[GroupBatch, Optional[torch.Tensor]]]:
-        """Each group's share of ``features``, and where its bags were laid out sample by sample
-        the permutation that did it (value i of the batch is the KJT's value ``order[i]``)."""
-        device = self._device if device is None else device
-        lengths = features.lengths()
-        stride = features.stride()
-        opk = features.offset_per_key()
-        kjt_weights = features.weights_or_none() if self._pooled else None
-        batches: List[Tuple[GroupBatch, Optional[torch.Tensor]]] = []
-        for (rows, inverse), positions, span in zip(group_rows, self._positions, self._spans):
-            if span is not None:
-                g_lengths = lengths[span[0] * stride : span[1] * stride]
-            else:
-                g_lengths = torch.cat([lengths[p * stride : (p + 1) * stride] for p in positions])
-            weights = None
-            if self._pooled:
-                if kjt_weights is not None:
-                    weights = (
-                        kjt_weights[opk[span[0]] : opk[span[1]]]
-                        if span is not None
-                        else torch.cat([kjt_weights[opk[p] : opk[p + 1]] for p in positions])
-                    )
-                mean = self._mean_positions[positions]
-                if bool(mean.any()):
-                    bag_mean = mean.repeat_interleave(stride).to(g_lengths.device)
-                    scale = torch.where(bag_mean, 1.0 / g_lengths.clamp(min=1).to(torch.float32), 1.0)
-                    per_value = scale.repeat_interleave(g_lengths, output_size=inverse.numel())
-                    weights = per_value if weights is None else weights * per_value
-            inverse = inverse.to(device)
-            order = None
-            if self._pooled and len(positions) > 1:  # pooled bags sample by sample: [B, F d] is a view
-                order, g_lengths = sample_major(g_lengths, len(positions), stride, inverse.numel())
-                order = order.to(inverse.device)
-                inverse = inverse.index_select(0, order)  # index_select: 4x faster than [order] on CPU
-                weights = None if weights is None else weights.index_select(0, order.to(weights.device))
-            batches.append((GroupBatch(rows, inverse, g_lengths, weights), order))
-        return batches
 
     def lookahead_rows(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Each group's rows for ``features`` (validated), as the forward of that batch steps on.
@@ -310,21 +181,21 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         if not self.plans_anywhere:
             raise FrugalError("a lookup with an announce dist plans its batches through lookahead_rows")
         sorts = [sorted_unique(fused) for fused in self.fused_ids(features)]
-        laid_out = self._laid_out(features, [(u.values, u.inverse) for u in sorts], torch.device("cpu"))
+        laid_out = self._layout.laid_out(features, [(u.values, u.inverse) for u in sorts], torch.device("cpu"))
         batches = [b for b, _ in laid_out]
         pin = self._device.type == "cuda"
         opk = features.offset_per_key()
         moves: List[Optional[torch.Tensor]] = []
-        for (b, order), u, positions, one_each in zip(laid_out, sorts, self._positions, self._one_feature_per_table):
+        for (b, order), u, positions, one_each in zip(laid_out, sorts, self._layout.positions, self._layout.one_feature_per_table):
             b.splits = [opk[p + 1] - opk[p] for p in positions]
             offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64)
             torch.cumsum(b.lengths, 0, out=offsets[1:])
             b.offsets = offsets
             weights = None if b.weights is None else b.weights.to(torch.float32)
             if order is None or one_each:
-                t = self._transposed_by_sort(b, u, order, weights)
+                t = self._layout.transposed_by_sort(b, u, order, weights)
             else:  # a row read by two features: its values' order differs once laid out by sample
-                t = transpose_bags(b.inverse, b.lengths if self._pooled else None, b.rows.numel(), weights)
+                t = transpose_bags(b.inverse, b.lengths if self._layout.pooled else None, b.rows.numel(), weights)
             parts = [b.inverse, b.lengths, b.offsets, weights, t.indices, t.offsets, t.weights]
             moves.extend(p.pin_memory() if pin and p is not None else p for p in parts)
         for g, b in zip(self.groups, batches):
@@ -337,23 +208,6 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             b.inverse, b.lengths, b.offsets, b.weights = inverse, lengths, offsets, weights
             b.transposed = TransposedBags(t_indices, t_offsets, t_weights)
         return BatchPlan(batches, ready, int(features.values().numel()), features.stride())
-
-    def _transposed_by_sort(
-        self, b: GroupBatch, u: SortedUnique, order: Optional[torch.Tensor], weights: Optional[torch.Tensor]
-    ) -> TransposedBags:
-        """The transposition of ``b``'s bags from the sort that deduplicated its rows (``u``: the
-        KJT's values grouped by row), where the values laid out sample by sample (``order``)
-        keep each row's values in the same order: each row is read by one feature, whose values
-        both layouts list sample by sample. The same tensors as :func:`transpose_bags` makes."""
-        by_row = u.order.numpy()
-        if order is not None:  # the KJT's positions -> the layout's
-            layout_position = np.empty_like(by_row)
-            layout_position[order.numpy()] = np.arange(order.numel())
-            by_row = np.take(layout_position, by_row)
-        bag_of_value = None
-        if self._pooled and not one_value_a_bag(b.lengths, b.inverse.numel()):
-            bag_of_value = torch.from_numpy(np.repeat(np.arange(b.lengths.numel()), b.lengths.numpy()))
-        return transpose_sorted_bags(torch.from_numpy(by_row), u.starts, bag_of_value, weights)
 
     def announce_plan(self, plan: BatchPlan) -> None:
         """Push a planned batch's rows to the engines' lookahead windows (its step plans: checked
@@ -368,7 +222,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     def _planned_batches(self, features: KeyedJaggedTensor, plan: BatchPlan) -> List[GroupBatch]:
         """``plan``'s batches, for ``features`` that the pipeline says are that batch."""
-        self._check_layout(features)
+        self._layout.check(features)
         if features.values().numel() != plan.num_values or features.stride() != plan.stride:
             raise FrugalError(
                 f"the batch trained ({features.values().numel()} ids, batch size {features.stride()}) is not the "
@@ -393,7 +247,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             batches = self._planned_batches(sparse_features, plan)
             weights = self._step(batches)
         else:
-            batches = self._group_batches(sparse_features, self._rows_for_forward(sparse_features))
+            batches = self._layout.group_batches(sparse_features, self._rows_for_forward(sparse_features))
             pairs = list(zip(self._group_list, batches))
             if any(g.engine.in_step for g in self._group_list) and not all(g.announced_next(b.rows) for g, b in pairs):
                 weights = self._read_within_step(batches)
@@ -403,9 +257,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
                 weights = self._step(batches, checked=True)
             else:
                 weights = self._read_between_steps(batches)
-        if self._pooled:
-            return self._pool(sparse_features, batches, weights)
-        return self._sequence(sparse_features, batches, weights)
+        return self._layout.output(sparse_features, batches, weights)
 
     def _step(self, batches: List[GroupBatch], checked: bool = False) -> Sequence[torch.Tensor]:
         """The rows of the engines' next step, begun with ``batches`` (ended by the backward, or now
@@ -414,7 +266,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         for g in groups:  # a forward whose backward never ran (its loss dropped: an eval in train mode)
             g.close_open_step()
         if not checked:
-            for g, b, feats in zip(groups, batches, self._features_of_table):
+            for g, b, feats in zip(groups, batches, self._layout.features_of_table):
                 g.check_announced(b.rows, feats)
         for g, b in zip(groups, batches):
             g.begin(b.engine_rows)
@@ -453,35 +305,6 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             g.ensure_flushed()
             g.refresh_caches()
         return [g.engine.lookup(b.engine_rows) for g, b in zip(self.groups, batches)]
-
-    def _pool(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
-        stride = features.stride()
-        out: List[Optional[torch.Tensor]] = [None] * len(self._feature_names)
-        for positions, b, w in zip(self._positions, batches, weights):
-            offsets = b.offsets
-            if offsets is None:
-                offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64, device=self._device)
-                torch.cumsum(b.lengths.to(self._device), 0, out=offsets[1:])
-            per_sample_weights = None if b.weights is None else b.weights.to(self._device, w.dtype)
-            # [B F_g, d]: the bags sample by sample (``sample_major``)
-            pooled = pool_rows(w, b.inverse, b.lengths, offsets, per_sample_weights, b.transposed)
-            if len(positions) == len(out):  # one group serves every feature, in order: [B, F d], no copy
-                return pooled.view(stride, -1)
-            per_feature = pooled.view(stride, len(positions), -1)
-            for j, p in enumerate(positions):
-                out[p] = per_feature[:, j]
-        return torch.cat(out, dim=1)  # type: ignore[arg-type]
-
-    def _sequence(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
-        if len(batches) == 1:
-            return gather_rows(weights[0], batches[0].inverse, batches[0].transposed)
-        lpk = features.length_per_key() if any(b.splits is None for b in batches) else []
-        out: List[Optional[torch.Tensor]] = [None] * len(self._feature_names)
-        for positions, b, w in zip(self._positions, batches, weights):
-            splits = b.splits if b.splits is not None else [lpk[p] for p in positions]
-            for p, chunk in zip(positions, gather_rows(w, b.inverse, b.transposed).split(splits)):
-                out[p] = chunk
-        return torch.cat(out)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ TorchRec lookup protocol
     def flush(self) -> None:

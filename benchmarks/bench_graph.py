@@ -21,7 +21,8 @@ PBG runs from a virtual environment of its own (``--pbg-venv``, default ``.venv-
 first use: torch as pinned in requirements-cpu.txt, ``torchbiggraph==1.0.0`` and
 ``setuptools<81``, which PBG's ``pkg_resources`` import needs). The example's training triples
 (same generator and seed) are exported once as TSV and converted by PBG's own importer
-(``torchbiggraph_import_from_tsv``, dynamic relations) into ``<pbg-venv>/data/``; the entity count
+(``torchbiggraph_import_from_tsv``'s functions, dynamic relations; its edge pass vectorized, see
+``PBG_IMPORT``) into ``<pbg-venv>/data/``; the entity count
 is padded to every entity, as the example's table holds them all. ``torchbiggraph_train`` then runs
 with the example's settings mapped one to one where PBG has them (:func:`pbg_config`): dim,
 TransE (``translation`` operator, ``l2`` comparator), logistic loss, learning rates, row-wise
@@ -72,6 +73,46 @@ DEFAULT_SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 PBG_VERSION = "1.0.0"
 # PBG's log line at the end of an edge chunk: edges trained and the compute time of the chunk.
 PBG_PROCESSED = re.compile(r"Processed (\d+) edges in ([0-9.]+) s")
+# PBG's TSV importer (torchbiggraph.converters.import_from_tsv) with its edge pass vectorized: its
+# own functions find the relation types and entities and write their dictionaries; the edges are
+# mapped through those dictionaries and written by its edge storage in one append, the same file
+# its edge pass writes one edge at a time (which takes most of an hour for 8M edges).
+PBG_IMPORT = """
+import sys
+from pathlib import Path
+from torchbiggraph.config import ConfigFileLoader
+from torchbiggraph.converters.import_from_tsv import (
+    collect_entities_by_type, collect_relation_types, generate_entity_path_files, parse_config_partial)
+from torchbiggraph.edgelist import EdgeList
+from torchbiggraph.entitylist import EntityList
+from torchbiggraph.graph_storages import EDGE_STORAGES, ENTITY_STORAGES, RELATION_TYPE_STORAGES
+import numpy as np
+import torch
+
+config, tsv = sys.argv[1], Path(sys.argv[2])
+entity_configs, relation_configs, entity_path, edge_paths, dynamic = parse_config_partial(
+    ConfigFileLoader().load_raw_config(config))
+relation_types = collect_relation_types(relation_configs, [tsv], dynamic, 1, 1)
+entities = collect_entities_by_type(relation_types, entity_configs, relation_configs, [tsv], dynamic, 0, 2, 1, 1)
+generate_entity_path_files(ENTITY_STORAGES.make_instance(entity_path), entities,
+                           RELATION_TYPE_STORAGES.make_instance(entity_path), relation_types, dynamic)
+triples = torch.from_numpy(np.fromfile(tsv, dtype=np.int64, sep=" ").reshape(-1, 3))
+
+def lookup(names):
+    words = torch.tensor([int(w) for w in names])
+    out = torch.full((int(words.max()) + 1,), -1, dtype=torch.long)
+    out[words] = torch.arange(len(names))
+    return out
+
+(entity_dict,) = entities.values()
+entity_ix, relation_ix = lookup(entity_dict.get_list()), lookup(relation_types.get_list())
+lhs, rel, rhs = entity_ix[triples[:, 0]], relation_ix[triples[:, 1]], entity_ix[triples[:, 2]]
+storage = EDGE_STORAGES.make_instance(edge_paths[0])
+storage.prepare()
+with storage.save_edges_by_appending(0, 0) as appender:
+    appender.append_edges(EdgeList(EntityList.from_tensor(lhs), EntityList.from_tensor(rhs), rel))
+print(f"- Processed {len(rel)} edges in total")
+"""
 ACCURACY_DATASETS = ("umls", "kinships")
 # Settings per model for the small real KGs (global batch, 2 ranks divide it evenly).
 ACCURACY_ARGS: Dict[str, List[str]] = {
@@ -155,8 +196,7 @@ def pbg_data(args: argparse.Namespace) -> Tuple[Path, int]:
         f.write("\n".join(map("\t".join, data.train.numpy().astype(str).tolist())) + "\n")
     config = pbg_config(args, root, root / "checkpoint", 1)
     bin_dir = pbg_venv(args.pbg_venv)
-    subprocess.run([str(bin_dir / "torchbiggraph_import_from_tsv"), "--lhs-col", "0", "--rel-col", "1", "--rhs-col", "2",
-                    str(config), str(tsv)], check=True, cwd=root, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run([str(bin_dir / "python"), "-c", PBG_IMPORT, str(config), str(tsv)], check=True, cwd=root)
     # every entity has a row, as in the example's table (the importer counts those seen in edges)
     (root / "entities" / "entity_count_entity_0.txt").write_text(f"{args.entities}\n")
     tsv.unlink()

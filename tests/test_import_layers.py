@@ -37,6 +37,7 @@ LAYER_OF: Dict[str, str] = {
     "shared_tables": "host",
     "shm": "host",
     # engine: the mechanism
+    "checkpoint_rows": "engine",
     "engine": "engine",
     "exchange_worker": "engine",
     "flusher": "engine",
@@ -53,7 +54,10 @@ LAYER_OF: Dict[str, str] = {
     "owner_cache": "engine",
     "owner_update": "engine",
     "priority_queue": "engine",
+    "rank_faults": "engine",
     "step_plan": "engine",
+    "step_reads": "engine",
+    "step_update": "engine",
     "streams": "engine",
     # estimate: the cost model, its hardware profiles and measured inputs
     "calibrate": "estimate",

@@ -25,9 +25,11 @@ update by an event, and an owner publishes its flush progress only once the flus
 reached, so a peer's gate opens exactly when the host rows it reads are current.
 
 The parts, each in its module: ``local_group`` and ``shared_tables`` (set-up), ``owner_cache``
-(ownership, the store), ``lookahead_feed`` (announce, publish, ingest), ``gradient_exchange``,
-``owner_update`` (the optimizer on owned rows), ``flusher`` (queue, flusher threads, FLUSHED),
-``gate`` (counters and waits).
+(ownership, the store), ``lookup_plan`` (a lookup's split into store and host reads),
+``lookahead_feed`` (announce, publish, ingest), ``step_update`` (a step's update on the exchange
+worker: ``gradient_staging``, ``gradient_exchange``, ``owner_update``, the step's metrics),
+``flusher`` (queue, flusher threads, FLUSHED), ``gate`` (counters and waits), ``checkpoint_rows``
+(host rows read and loaded between steps), ``rank_faults`` (a failure marked, raised, aborted).
 
 Which thread runs each job of the lookahead and the update, per rank (the owner first, then where
 the same job also runs today, serialised by a lock, until each runs on its owner only):
@@ -50,22 +52,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from typing import Callable, Deque, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
-from . import shm
 from .config import FrugalConfig, OptimizerSpec, TableSpec
-from .control_record import CLOSED, FAILED, FLUSHED, STATUS, UPDATED
-from .errors import FrugalError, FrugalInputError, RankLostError
+from .checkpoint_rows import CheckpointRows
+from .control_record import CLOSED, FAILED, STATUS
+from .errors import FrugalError, FrugalInputError
 from .exchange_worker import ExchangeWorker
 from .flusher import Flusher
-from .gate import lagging_owners, sync
+from .gate import sync
 from .fused_rows import FusedRows
-from .gradient_exchange import GradientExchange
-from .gradient_staging import GradientStaging
 from .host_rows import HostRows, RowsPart
 from .host_tables import HostTables
 from .local_group import LocalGroup
@@ -73,14 +72,17 @@ from .lookahead import LookaheadWindow
 from .lookahead_feed import LookaheadFeed
 from .lookahead_ring import LookaheadRing
 from .lookup_plan import plan_lookup
-from .metrics import WAIT_GATE, StepMetrics, StepRecorder
+from .metrics import StepMetrics, StepRecorder
 from .optimizers import state_width
 from .owner_cache import OwnerStore, ownership_from_presample
 from .owner_update import OwnerUpdate
 from .priority_queue import PendingQueue, make_queue
+from .rank_faults import RankFaults
 from .shared_tables import InitWeights, open_shared_tables
 from .step_plan import StepPlan
-from .streams import REACHED, CopyStream, Marker, Streams, resolve_device
+from .step_reads import StepReads
+from .step_update import StepUpdate
+from .streams import CopyStream, Streams, resolve_device
 
 Rows = Union[torch.Tensor, StepPlan]
 """A step's rows as the caller has them: a tensor (checked on every call), or a plan made ahead."""
@@ -124,6 +126,7 @@ class FrugalEngine:
         shared = open_shared_tables(self.group, self.shm_dir, self.tables, self.state_width, cfg, init_weights, seed)
         self.run_id, self.host_segment, self.control = shared.run_id, shared.segment, shared.control
         self.ring_record, self.grad_record = shared.ring_record, shared.grad_record
+        self._faults = RankFaults(self.rank, self.control, self.run_id, self.shm_dir, cfg.timeout_s)
         # The host tables as checkpoints read and write them (CPU views into the segment) ...
         self.host_rows = HostRows(self.host_segment, self.fused)
         # ... and as the device reads and writes them (mapped or staged), and the flush stream.
@@ -133,7 +136,6 @@ class FrugalEngine:
         )  # fmt: skip
         self.streams = Streams(self.device)
         self.copies = CopyStream(self.device)  # a planned step's indices, moved ahead of the step
-        self._reads_done: Marker = REACHED  # reached once this step's host reads are done
 
         # Ownership and the owner store (static cache of hot rows), filled from host.
         self.ownership = ownership_from_presample(
@@ -154,36 +156,34 @@ class FrugalEngine:
         announced = cached & ~mine if in_place else ~(cached & mine)
         self.ring = LookaheadRing(self.ring_record, self.lookahead + 2, self.control, owner, announced)
         self.window = LookaheadWindow(n) if self.lookahead > 0 else None
-        self._failure: Optional[BaseException] = None
-        self._closed = False
         on_cpu = self.device.type == "cpu"  # the training threads keep the cores busy: no helper threads
         workers = (0 if on_cpu else 1) if cfg.flush_workers is None else cfg.flush_workers
         self.flusher = Flusher(
             make_queue(cfg.queue, n, self.lookahead), self.store, self.host, self.streams, self.control, self.window,
-            cfg.flush_chunk_rows, cfg.max_deferred_rows, workers, self._fail_from_thread,
+            cfg.flush_chunk_rows, cfg.max_deferred_rows, workers, self._faults.fail_from_thread,
         )  # fmt: skip
         # Where backward hands a step's gradients over.
-        self.exchange_worker = ExchangeWorker(f"frugal-exchange-{self.rank}", self._fail_from_thread)
+        self.exchange_worker = ExchangeWorker(f"frugal-exchange-{self.rank}", self._faults.fail_from_thread)
         # The lookahead's publishing: a thread of its own on an accelerator, else the exchange worker.
         self.lookahead_feed = LookaheadFeed(
             self.lookahead, self.ring, self.window, self.flusher, self.control, self.device,
             self.exchange_worker,
-            self._guard, self._raise_if_failed, self._fail_from_thread,
+            self._faults.guard, self._faults.raise_if_failed, self._faults.fail_from_thread,
         )  # fmt: skip
-        self.exchange = GradientExchange(self.grad_record, self.control, owner, d)
-        # The exchange worker's last hand-off the next step's gate waits for: the previous step's
-        # update, or the step's own publish when begin_step announces it.
-        self._gate_ticket = 0
-        self._grad_staging = GradientStaging(d, self.device)
+        self._faults.stopping(self.exchange_worker, self.flusher, self.lookahead_feed)
+        self._recorder = StepRecorder()
+        self._reads = StepReads(self.store, self.host, self.streams, self.copies, self._recorder, d, self.device)
+        self._update = StepUpdate(
+            self.rank, self.grad_record, self.control, owner, d, self.device, self.owner_update, self.store, self.flusher,
+            self.lookahead_feed, self.streams, self.exchange_worker, self._recorder, self._faults.guard,
+        )  # fmt: skip
+        self._checkpoint = CheckpointRows(self.host_rows, self.owner_update, self.control, self.flush, self._faults.guard)
 
         self.step = 0
         # The optimizer's iteration (FBGEMM's ``iter``: forwards of the table's kernel) less the
         # steps: reads outside the steps count as forwards, and set_optimizer_iteration moves it.
         self._iteration_offset = 0
         self._in_step = False
-        self._recorder = StepRecorder()
-        self.last_metrics: Optional[StepMetrics] = None  # of the newest step whose update is done
-        self._finished: Deque[StepMetrics] = deque(maxlen=4096)  # since the last take_metrics()
 
     @property
     def queue(self) -> PendingQueue:
@@ -215,16 +215,6 @@ class FrugalEngine:
         if an id is out of range or of a wrong dtype (:meth:`rows`, per table, names it)."""
         return self.fused.of_table_runs(tables, counts, ids)
 
-    def _raise_if_failed(self) -> None:
-        failure = self._failure
-        if failure is not None:
-            message = f"rank {self.rank}: a background thread (flusher, lookahead or exchange) failed: {failure!r}"
-            if isinstance(failure, RankLostError):  # a peer was lost: say so, as the training thread would
-                raise RankLostError(message, failure.lost_rank) from failure
-            raise FrugalError(message) from failure
-        if self._closed:
-            raise FrugalError(f"rank {self.rank}: the engine is closed")
-
     # ------------------------------------------------------------------ planning ahead
     def plan_step(self, rows: torch.Tensor) -> StepPlan:
         """Check a future step's unique ``rows`` and plan its lookup; any thread, any time before
@@ -251,7 +241,7 @@ class FrugalEngine:
         The rows are checked here (a plan's when it was made); publishing them to the owners
         happens in the background.
         """
-        self._raise_if_failed()
+        self._faults.raise_if_failed()
         t0 = time.perf_counter()
         t = self.lookahead_feed.room(self.step)
         checked, planned = self._rows(rows, f"lookahead batch of step {t}")
@@ -265,7 +255,7 @@ class FrugalEngine:
 
     def begin_step(self, rows: Rows) -> int:
         """Start the next step with this rank's rows; returns the step number once the gate opens."""
-        self._raise_if_failed()
+        self._faults.raise_if_failed()
         if self._in_step:
             raise FrugalError(f"rank {self.rank}: begin_step of step {self.step + 1} before apply_gradients of step {self.step}")
         s = self.step
@@ -273,27 +263,13 @@ class FrugalEngine:
         checked, planned = self._rows(rows, f"batch of step {s}")
         ticket = self.lookahead_feed.begin(s, checked, owned=planned)
         if ticket is not None:
-            self._gate_ticket = ticket
+            self._update.ticket = ticket
         rec = self._recorder
         rec.step_t0 = time.perf_counter()
         rec.add("announce", rec.step_t0 - t0)
-        rec.gate_wait_s = self._guard(lambda: self._gate(s))  # type: ignore[assignment]
+        rec.gate_wait_s = self._faults.guard(lambda: self._update.wait_gate(s))  # type: ignore[assignment]
         self._in_step = True
         return s
-
-    def _gate(self, s: int) -> float:
-        worker = self.exchange_worker
-
-        def idle() -> bool:
-            ingested = self.lookahead_feed.ingest_while_waiting()
-            ticket = self._gate_ticket  # this rank's own update of step s - 1 (and its flush)
-            if not worker.done_through(ticket):
-                return worker.wait_done(2e-3, ticket) or ingested
-            if self.flusher.threads or self.control.get(FLUSHED)[self.rank] >= s:
-                return ingested  # the flushers write what step s reads (or none of it is pending here)
-            return self.flusher.flush_once(max_priority=s, wait=False) or ingested
-
-        return self.control.wait(WAIT_GATE, lambda: lagging_owners(self.control, s), f"the gate of step {s}", idle)
 
     @property
     def optimizer_iteration(self) -> int:
@@ -307,47 +283,15 @@ class FrugalEngine:
         self._iteration_offset = iteration - self.step
 
     def lookup(self, rows: Rows) -> torch.Tensor:
-        """Current values of ``rows`` [n] -> [n, dim]: own store where held, host otherwise.
-
-        One pass over the rows: the rows this rank holds are gathered from its device store and
-        all others from host memory (on CUDA through the mapped host tables), both straight
-        into the output. A plan made ahead (:meth:`plan_step`) saves the split and the copy of
-        its indices: the training thread then only launches the gathers.
-
-        A lookup outside a step (an evaluation between steps, after :meth:`flush`) counts as a
-        forward in :attr:`optimizer_iteration`, as every forward of FBGEMM's kernel does.
-        """
-        self._raise_if_failed()
+        """Current values of ``rows`` [n] -> [n, dim] (:mod:`.step_reads`). One outside a step (an
+        evaluation between steps, after :meth:`flush`) counts as a forward in
+        :attr:`optimizer_iteration`, as every forward of FBGEMM's kernel does."""
+        self._faults.raise_if_failed()
         if not self._in_step:
             self._iteration_offset += 1
-        t0 = time.perf_counter()
         if isinstance(rows, StepPlan):
             self._rows(rows, "lookup")
-            plan, n = rows.lookup, rows.num_rows
-            self.copies.use([rows.packed], rows.ready)
-            moved = rows.packed
-        else:
-            rows = rows.reshape(-1).to("cpu")  # row ids are host-side bookkeeping (begin_step takes them so too)
-            plan, n = plan_lookup(self.store.slot_of, self.store.num_static, rows.numpy(), self.host.sorted_reads), int(rows.shape[0])
-            moved = plan.packed.to(self.device, non_blocking=True)
-        self._recorder.lookups += n
-        self._recorder.cache_hits += plan.n_static_hits
-        hit_pos, hit_slots, miss_pos, host_rows, expand = parts = plan.parts(moved)
-        if plan.n_miss == 0:
-            out = self.store.weights.index_select(0, hit_slots)
-        else:
-            from_host = self.host.read("weights", (parts if moved is plan.packed else plan.parts())[3], host_rows)
-            if plan.n_expand:  # each distinct host row was read once: place it where it is used
-                from_host = from_host.index_select(0, expand)
-            if plan.n_hit == 0:
-                out = from_host
-            else:
-                out = torch.empty(n, self.dim, dtype=torch.float32, device=self.device)
-                out.index_copy_(0, hit_pos, self.store.weights.index_select(0, hit_slots))
-                out.index_copy_(0, miss_pos, from_host)
-        self._reads_done = self.streams.mark()
-        self._recorder.add("lookup", time.perf_counter() - t0)
-        return out
+        return self._reads.read(rows)
 
     def apply_gradients(self, unique_rows: Rows, grads: torch.Tensor, divide_by: int = 1) -> None:
         """This rank's summed gradient per unique row of the step; collective; ends the step.
@@ -355,7 +299,7 @@ class FrugalEngine:
         ``divide_by``: the gradients are divided by it first (TorchRec divides embedding gradients
         by the world size): on an accelerator before their copy to host, else where the update
         runs (the exchange worker), the same division either way."""
-        self._raise_if_failed()
+        self._faults.raise_if_failed()
         s = self.step
         if not self._in_step:
             raise FrugalError(f"rank {self.rank}: apply_gradients without begin_step (step {s})")
@@ -364,76 +308,27 @@ class FrugalEngine:
             raise FrugalInputError(
                 f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
             )
-        reads_done, iteration = self._reads_done, self.optimizer_iteration
-        if grads.requires_grad:
-            grads = grads.detach()
-        if divide_by != 1 and grads.device.type != "cpu":
-            grads, divide_by = grads / divide_by, 1
-        # Launch the copy to host, hand the step over, and go on.
-        host_grads, copied = self._grad_staging.to_host(grads)
-        self._gate_ticket = self.exchange_worker.submit(
-            lambda: self._update_handed_over(s, iteration, rows, host_grads, copied, reads_done, divide_by)
-        )
+        # Launch the copy to host, hand the step over (:mod:`.step_update`), and go on.
+        self._update.hand_over(s, self.optimizer_iteration, rows, grads, self._reads.reads_done, divide_by)
         self._in_step = False
         self.step = s + 1
-
-    def _update_handed_over(
-        self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, copied: Marker, reads_done: Marker,
-        divide_by: int,
-    ) -> None:
-        """Step ``s``'s update on the exchange worker, once its gradients are on the host."""
-        copied.synchronize()
-        self._guard(lambda: self._update(s, iteration, rows, grads, reads_done, divide_by))
 
     def drain(self) -> None:
         """Wait until the exchange worker has done every step handed over; raises its failure."""
         self.exchange_worker.drain(self.config.timeout_s)
-        self._raise_if_failed()
-
-    def _update(
-        self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int
-    ) -> None:
-        flusher, feed, rec = self.flusher, self.lookahead_feed, self._recorder
-        t0 = time.perf_counter()
-        if divide_by != 1:
-            grads = grads / divide_by
-        self.exchange.stage(s, rows, grads, reads_done)
-        t1 = time.perf_counter()
-        rec.exchange_wait_s = self.exchange.wait_staged(
-            s, idle=lambda: flusher.flush_once(max_priority=flusher.background_bound(), wait=False)
-        )
-        t2 = time.perf_counter()
-        owned, summed = self.exchange.sum_owned()
-        t3 = time.perf_counter()
-        rec.add("exchange", (t1 - t0) + (t3 - t2))
-
-        feed.ingest_through(s)
-        with flusher.lock:
-            feed.retire(s)
-            flusher.queue.advance(s + 1)
-            t4 = time.perf_counter()
-            held = self.owner_update.apply(iteration, owned, summed)
-            updated = self.streams.mark()
-            t5 = time.perf_counter()
-            flusher.queue_writes(held, feed.priorities(held, s), updated)
-            self.control.set(UPDATED, s)
-        t6 = time.perf_counter()
-        rec.add("update", t5 - t4)
-        rec.add("bookkeeping", (t4 - t3) + (t6 - t5))
-        flusher.flush_due(s)
-        rec.add("flush", time.perf_counter() - t6)
-        self.last_metrics = rec.finish(s, flusher.take_counts(), self.store.dynamic_in_use, self.control.take_waited())
-        self._finished.append(self.last_metrics)
+        self._faults.raise_if_failed()
 
     def take_metrics(self) -> List[StepMetrics]:
         """The metrics of every step whose update finished since the last call, oldest first.
 
         With the exchange worker a step's update finishes after ``apply_gradients`` returns, so
         :attr:`last_metrics` may still be the previous step's; this misses none."""
-        out = []
-        while self._finished:
-            out.append(self._finished.popleft())
-        return out
+        return self._update.take_metrics()
+
+    @property
+    def last_metrics(self) -> Optional[StepMetrics]:
+        """The metrics of the newest step whose update is done."""
+        return self._update.last_metrics
 
     @property
     def in_step(self) -> bool:
@@ -449,92 +344,44 @@ class FrugalEngine:
         self.drain()
         if self._in_step and not within_step:
             raise FrugalError(f"rank {self.rank}: flush inside step {self.step}")
-        self._guard(self.flusher.drain)
-        self._guard(lambda: sync(self.control, "flush"))
+        self._faults.guard(self.flusher.drain)
+        self._faults.guard(lambda: sync(self.control, "flush"))
 
     # ------------------------------------------------------------------ checkpoints
     def read_rows(self, rows: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """(weights, optimizer state) of ``rows`` (all rows if None) from host; call after flush()."""
-        return self.host_rows.read(rows)
+        return self._checkpoint.read(rows)
 
     def host_block(self, lo: int, hi: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Views (no copy) of host rows [lo, hi): weights and optimizer state; call after flush().
-
-        Live memory, like a parameter: the next step's updates show in it, and what is written into
-        it between steps reaches the caches at :meth:`reload_from_host`.
-        """
-        return self.host_rows.block(lo, hi)
+        """Live views of host rows [lo, hi) (:meth:`.CheckpointRows.block`); call after flush()."""
+        return self._checkpoint.block(lo, hi)
 
     def reload_from_host(self) -> None:
-        """Collective, between steps, with no step since the last flush: every rank re-reads the rows
-        its store holds from host once all ranks got here, so that host rows written in place
-        through the views :meth:`host_block` handed out (a checkpoint loaded into a state_dict)
-        reach the caches. Costs a read of the rank's cached rows and a barrier."""
-        self.flush()  # the barrier: every rank has written its rows (nothing is pending)
-        self.owner_update.reload()
+        """Collective: the caches re-read from host (:meth:`.CheckpointRows.reload`)."""
+        self._checkpoint.reload()
 
     def write_rows(self, parts: Sequence[RowsPart]) -> None:
-        """Collective load of this rank's (rows, weights or None, state or None) parts: each rank
-        writes its own rows (no row from two ranks) to host, then every rank refreshes the rows its
-        store holds. None keeps the current values.
-
-        Host memory is shared: once flushed, any rank may write any row in place, so a load never
-        moves a row between ranks (a rank loads its block of a checkpoint, nothing more). A part
-        whose values already are those host rows (a checkpoint loaded into the views that
-        :meth:`host_block` handed out) is not copied onto itself.
-        """
-        checked = self.host_rows.check(parts)
-        self.flush()  # nothing pending, no flusher writing: host is free to write
-        self.host_rows.write(checked)
-        self._guard(lambda: sync(self.control, "write_rows"))
-        self.owner_update.reload()
-        self._guard(lambda: sync(self.control, "write_rows refresh"))
+        """Collective load of this rank's (rows, weights or None, state or None) parts
+        (:meth:`.CheckpointRows.write`)."""
+        self._checkpoint.write(parts)
 
     # ------------------------------------------------------------------ failure and shutdown
-    def _guard(self, fn: Callable[[], object]) -> object:
-        """Run a step of the protocol; any failure marks this rank failed so peers stop waiting."""
-        try:
-            return fn()
-        except FrugalInputError:
-            raise
-        except RankLostError as e:
-            self._abort(e.lost_rank)
-            raise
-        except BaseException:
-            self._abort(self.rank)
-            raise
-
-    def _fail_from_thread(self, e: BaseException) -> None:
-        """A background thread failed: the training thread raises it at its next call."""
-        self._failure = e
-        self.control.fail(self.rank)
-
-    def _abort(self, cause_rank: int) -> None:
-        self.control.fail(cause_rank)
-        self._stop_background()
-        shm.remove_run_segments(self.run_id, self.shm_dir)
-
-    def _stop_background(self) -> None:
-        self.exchange_worker.stop(self.config.timeout_s)
-        self.flusher.stop(self.config.timeout_s)
-        self.lookahead_feed.stop(self.config.timeout_s)
-
     def close(self) -> None:
         """Stop the flushers; pending writes are dropped unless flush() ran first."""
-        if self._closed:
+        if self._faults.closed:
             return
-        if self._failure is None:
+        if self._faults.failure is None:
             try:  # the steps handed over finish first (their peers wait for them)
                 self.exchange_worker.drain(self.config.timeout_s)
             except FrugalError:
                 pass  # closing anyway: whatever the worker still holds is dropped
-        self._stop_background()
+        self._faults.stop_background()
         self.host.close()
         self.ring_record.unlink_own()  # a record grown during the run still has its name
         self.grad_record.unlink_own()
         if self.control.get(STATUS)[self.rank] != FAILED:
             self.control.set(STATUS, CLOSED)
-        self._closed = True
+        self._faults.closed = True
 
     def __enter__(self) -> "FrugalEngine":
         return self

@@ -59,6 +59,7 @@ PLANNING_CALLS = (
     ("torchrec_frugal.fused_rows", "FusedRows", "check"),
     ("torchrec_frugal.engine", "FrugalEngine", "plan_step"),
     ("torchrec_frugal.engine", None, "plan_lookup"),
+    ("torchrec_frugal.step_reads", None, "plan_lookup"),  # an unplanned lookup's split
     ("torch", None, "unique"),
     ("torchrec_frugal.torchrec.batch_planner", None, "snapshot"),  # the copy of a batch read
 )

@@ -277,7 +277,7 @@ def run_pbg(args: argparse.Namespace, threads: int, timeout: float) -> Dict[str,
         "pbg_first_chunk_per_second": int(chunks_seen[0].group(1)) / float(chunks_seen[0].group(2)),
         "wall_s": time.perf_counter() - t0, "loss": None, "mrr": None, "hits_at_1": None, "hits_at_3": None,
         "hits_at_10": None, "gate_stall_fraction": 0.0, "command": f"torchbiggraph_train {config.name}",
-        "pbg_config": config.name, "pbg_log_tail": "".join(log[-5:]),
+        "pbg_config": config.name, "pbg_log_tail": "".join(log[-5:]).replace(f"{ROOT}/", ""),
     }  # fmt: skip
 
 
@@ -457,6 +457,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def relative_to_root(path: Path) -> str:
+    """``path`` as recorded in results: relative to the checkout where it lies in it, so that the
+    recorded JSON does not carry this machine's directories."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     variants = speed_variants(args) if args.suite == "speed" else accuracy_variants(args)
@@ -482,7 +489,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "suite": args.suite,
         "headline": headline,
         "total_wall_s": time.perf_counter() - t0,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": {k: (relative_to_root(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "runs": runs,
         "medians": med,

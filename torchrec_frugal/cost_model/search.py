@@ -45,14 +45,7 @@ def recommend_stock(
     if split_choice(choice)[1] != FUSED_UVM_CACHING:
         plan = Plan(choice)
         return plan, model.predict(w, plan)
-    best: Optional[Tuple[Plan, StepCost]] = None
-    for lf in load_factors:
-        plan = Plan(choice, uvm_load_factor=lf)
-        cost = model.predict(w, plan)
-        if _better(cost, None if best is None else best[1]):
-            best = (plan, cost)
-    assert best is not None
-    return best
+    return _least_step(model, w, [Plan(choice, uvm_load_factor=lf) for lf in load_factors])
 
 
 def recommend_frugal(
@@ -63,13 +56,17 @@ def recommend_frugal(
 ) -> Tuple[Plan, StepCost]:
     """The cache ratio and lookahead of least predicted step time among those that fit in device
     memory (the smallest cache if none fits); ties go to the earlier choice."""
+    kind = frugal_kind(w.nodes)
+    return _least_step(model, w, [Plan(kind, cache_ratio=c, lookahead=L) for c in cache_ratios for L in lookaheads])
+
+
+def _least_step(model: CostModel, w: Workload, plans: Sequence[Plan]) -> Tuple[Plan, StepCost]:
+    """The first of ``plans`` with the least predicted step among those that fit (by ``_better``)."""
     best: Optional[Tuple[Plan, StepCost]] = None
-    for c in cache_ratios:
-        for L in lookaheads:
-            plan = Plan(frugal_kind(w.nodes), cache_ratio=c, lookahead=L)
-            cost = model.predict(w, plan)
-            if _better(cost, None if best is None else best[1]):
-                best = (plan, cost)
+    for plan in plans:
+        cost = model.predict(w, plan)
+        if _better(cost, None if best is None else best[1]):
+            best = (plan, cost)
     assert best is not None
     return best
 

@@ -143,7 +143,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     p.add_argument("--dir", default=None, help="where the checkpoint goes (default: a temporary directory, removed)")
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args(argv)
-    from torchrec_frugal.launch import run_ranks
+    from torchrec_frugal.host.launch import run_ranks
 
     directory = args.dir or tempfile.mkdtemp(prefix="frugal_ckpt_bench_")
     try:

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.demo import TrainRunError, find_train_script, run_train  # noqa: E402
-from torchrec_frugal.measure import git_state, machine_busy_s, median_or_nan  # noqa: E402
+from torchrec_frugal.estimate.measure import git_state, machine_busy_s, median_or_nan  # noqa: E402
 
 MAIN_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 STOCK = ("table_wise", "row_wise")

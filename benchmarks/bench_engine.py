@@ -60,8 +60,8 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.metrics import PHASES  # noqa: E402
-from torchrec_frugal.launch import run_ranks  # noqa: E402
-from torchrec_frugal.measure import git_state, machine_busy_s, own_cpu_s  # noqa: E402
+from torchrec_frugal.host.launch import run_ranks  # noqa: E402
+from torchrec_frugal.estimate.measure import git_state, machine_busy_s, own_cpu_s  # noqa: E402
 
 MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
 
@@ -107,7 +107,7 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     import torch.distributed as dist
 
     from torchrec_frugal.config import OptimizerSpec, TableSpec
-    from torchrec_frugal.engine import FrugalEngine
+    from torchrec_frugal.engine.frugal_engine import FrugalEngine
     from torchrec_frugal.metrics import WAIT_EXCHANGE
 
     cfg = mode_config(mode, args)

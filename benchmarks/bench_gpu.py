@@ -55,15 +55,15 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
-from torchrec_frugal import shm  # noqa: E402
+from torchrec_frugal.host import shm  # noqa: E402
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
-from torchrec_frugal.host_tables import HostTables  # noqa: E402
-from torchrec_frugal.lookup_plan import plan_lookup  # noqa: E402
-from torchrec_frugal.streams import Streams  # noqa: E402
-from torchrec_frugal.engine import FrugalEngine  # noqa: E402
+from torchrec_frugal.engine.host_tables import HostTables  # noqa: E402
+from torchrec_frugal.engine.lookup_plan import plan_lookup  # noqa: E402
+from torchrec_frugal.engine.streams import Streams  # noqa: E402
+from torchrec_frugal.engine.frugal_engine import FrugalEngine  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
-from torchrec_frugal.launch import run_ranks  # noqa: E402
-from torchrec_frugal.measure import median_s  # noqa: E402
+from torchrec_frugal.host.launch import run_ranks  # noqa: E402
+from torchrec_frugal.estimate.measure import median_s  # noqa: E402
 from torchrec_frugal.workload import ZipfWorkload  # noqa: E402
 
 

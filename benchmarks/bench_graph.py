@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.demo import TrainRunError, run_train  # noqa: E402
-from torchrec_frugal.measure import median_or_nan  # noqa: E402
+from torchrec_frugal.estimate.measure import median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "graph" / "train.py"
 SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone", "pbg")

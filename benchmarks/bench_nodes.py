@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.demo import run_plan, run_train_nodes  # noqa: E402
-from torchrec_frugal.cost_model import CostModel  # noqa: E402
-from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
-from torchrec_frugal.profiles import HardwareProfile, load_profile  # noqa: E402
-from torchrec_frugal.measure import git_state, median_or_nan  # noqa: E402
+from torchrec_frugal.estimate.cost_model import CostModel  # noqa: E402
+from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
+from torchrec_frugal.estimate.profiles import HardwareProfile, load_profile  # noqa: E402
+from torchrec_frugal.estimate.measure import git_state, median_or_nan  # noqa: E402
 
 
 SHARDINGS = {

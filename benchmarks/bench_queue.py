@@ -26,7 +26,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.priorities import INF, QUEUE_KINDS  # noqa: E402
-from torchrec_frugal.priority_queue import make_queue  # noqa: E402
+from torchrec_frugal.engine.flush.priority_queue import make_queue  # noqa: E402
 
 Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 

@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from examples.checkpointing import KILL_ENV  # noqa: E402
-from torchrec_frugal.shm import list_segments  # noqa: E402
-from torchrec_frugal.launch import leaked_segments  # noqa: E402
-from torchrec_frugal.measure import children_cpu_s, machine_busy_s, median_or_nan  # noqa: E402
+from torchrec_frugal.host.shm import list_segments  # noqa: E402
+from torchrec_frugal.host.launch import leaked_segments  # noqa: E402
+from torchrec_frugal.estimate.measure import children_cpu_s, machine_busy_s, median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "dlrm" / "train.py"
 _UNIX_TIME = re.compile(r"at unix time ([0-9.]+)")

@@ -1,8 +1,8 @@
 """The paper's setting, predicted by the cost model: Frugal against TorchRec on 2, 4 and 8 RTX 3090s, and
 the paper's motivation figures (Figure 3) as the model sees them.
 
-Every figure this script prints or writes is a PREDICTION of ``torchrec_frugal.cost_model`` on the
-shipped hardware profiles (``torchrec_frugal/profiles/*.json``, sources in ``docs/cost_model.md``).
+Every figure this script prints or writes is a PREDICTION of ``torchrec_frugal.estimate.cost_model`` on the
+shipped hardware profiles (``torchrec_frugal/estimate/profiles/*.json``, sources in ``docs/cost_model.md``).
 Nothing is trained or measured. No profile constant is changed here: the motivation figures are a
 check of the model as it stands.
 
@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
-from torchrec_frugal.cost_model import (  # noqa: E402
+from torchrec_frugal.estimate.cost_model import (  # noqa: E402
     FRUGAL,
     LOOKAHEAD_CHOICES,
     MEMORY_HEADROOM,
@@ -57,8 +57,8 @@ from torchrec_frugal.cost_model import (  # noqa: E402
     recommend_frugal,
 )
 from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS  # noqa: E402
-from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
-from torchrec_frugal.profiles import HardwareProfile, load_profile  # noqa: E402
+from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
+from torchrec_frugal.estimate.profiles import HardwareProfile, load_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 STOCK = ("table_wise", "row_wise", "table_row_wise") + UVM_CHOICES  # FUSED, then TorchRec's offloading
@@ -724,7 +724,7 @@ def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
     head = next(r for r in a2a if (r["rtx3090_gpus"], r["a30_gpus"]) == HEADLINE_PAIR)
     doc = {
         "prediction": True,
-        "note": "every figure is a prediction of torchrec_frugal.cost_model on the shipped profiles; none is measured",
+        "note": "every figure is a prediction of torchrec_frugal.estimate.cost_model on the shipped profiles; none is measured",
         "hardware": rtx.name, "datacenter": a30.name, "model": args.model, "scale": SCALE,
         "presample_steps": args.presample_steps, "lookaheads": list(LOOKAHEAD_CHOICES),
         "stock_shardings": list(STOCK),

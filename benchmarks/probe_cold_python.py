@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from torchrec_frugal.torchrec.embedding_kernel import FrugalStep  # noqa: E402
 from torchrec_frugal.torchrec.embedding_lookup import FrugalEmbeddingLookup  # noqa: E402
-from torchrec_frugal.torchrec.pipeline import FrugalTrainPipeline  # noqa: E402
+from torchrec_frugal.torchrec.train_pipeline.train_pipelines import FrugalTrainPipeline  # noqa: E402
 
 PROBE = torch.zeros(3)
 RUNS = ("1st", "2nd", "3rd")

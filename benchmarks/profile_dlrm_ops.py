@@ -30,7 +30,7 @@ sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_fru
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa: E402
 
-from torchrec_frugal.torchrec.pipeline import FrugalTrainPipeline  # noqa: E402
+from torchrec_frugal.torchrec.train_pipeline.train_pipelines import FrugalTrainPipeline  # noqa: E402
 
 STEP = "progress (profile_dlrm_ops)"
 

@@ -50,15 +50,15 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torchrec.optim.keyed import CombinedOptimizer  # noqa: E402
 
-import torchrec_frugal.torchrec.batch_planner as batch_planner  # noqa: E402
-import torchrec_frugal.torchrec.pipeline as frugal_pipeline  # noqa: E402
-from torchrec_frugal.control_record import Control  # noqa: E402
-from torchrec_frugal.engine import FrugalEngine  # noqa: E402
+import torchrec_frugal.torchrec.train_pipeline.batch_planner as batch_planner  # noqa: E402
+import torchrec_frugal.torchrec.train_pipeline.train_pipelines as frugal_pipeline  # noqa: E402
+from torchrec_frugal.host.control_record import Control  # noqa: E402
+from torchrec_frugal.engine.frugal_engine import FrugalEngine  # noqa: E402
 from torchrec_frugal.metrics import WAIT_GATE  # noqa: E402
-from torchrec_frugal.torchrec.batch_planner import BatchPlanner  # noqa: E402
+from torchrec_frugal.torchrec.train_pipeline.batch_planner import BatchPlanner  # noqa: E402
 from torchrec_frugal.torchrec.embedding_lookup import FrugalEmbeddingLookup  # noqa: E402
 from torchrec_frugal.torchrec.embedding_types import FrugalShardedModuleMixin  # noqa: E402
-from torchrec_frugal.torchrec.pipeline import FrugalTrainPipeline  # noqa: E402
+from torchrec_frugal.torchrec.train_pipeline.train_pipelines import FrugalTrainPipeline  # noqa: E402
 
 Key = Tuple[str, str]  # (thread, label)
 SECONDS: DefaultDict[Key, float] = collections.defaultdict(float)

@@ -31,7 +31,7 @@ sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_fru
 import torch  # noqa: E402
 
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
-from torchrec_frugal.engine import FrugalEngine  # noqa: E402
+from torchrec_frugal.engine.frugal_engine import FrugalEngine  # noqa: E402
 
 CALLS = ("push_lookahead", "begin_step", "lookup", "apply_gradients")
 

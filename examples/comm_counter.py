@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from torchrec_frugal.torchrec.batch_agreement import is_agreement_group
+from torchrec_frugal.torchrec.train_pipeline.batch_agreement import is_agreement_group
 
 COUNTED = ("all_to_all_single", "all_to_all", "reduce_scatter", "reduce_scatter_tensor", "all_gather_into_tensor", "all_gather")
 

@@ -21,7 +21,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from torchrec_frugal import FrugalConfig
-from torchrec_frugal.launch import free_port
+from torchrec_frugal.host.launch import free_port
 
 SHARDERS = ("torchrec", "frugal")
 
@@ -212,7 +212,7 @@ def stock_storage_reservation(model: nn.Module, sharders: Sequence[nn.Module], p
     memory, 6x the dense parameters' bytes, the input KJTs), given the ``dense_tensor_estimate``
     TorchRec asks for, measured here as TorchRec measures it, so that neither of its warnings about
     the estimate (a dry run's over-estimate; our dense parameters are materialized) applies.
-    FrugalShardingPlanner's default, torchrec_frugal.torchrec.storage, does the same; importing it
+    FrugalShardingPlanner's default, torchrec_frugal.torchrec.planner.storage_reservations, does the same; importing it
     here would install Frugal's planner shims, which stock runs go without."""
     import warnings
 

@@ -39,9 +39,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 if __package__ in (None, ""):  # launched as a script: `examples`, and `torchrec_frugal` where no installed one wins
     sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from torchrec_frugal.cost_model import Plan
+from torchrec_frugal.estimate.cost_model import Plan
 from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD
-from torchrec_frugal.measure import children_cpu_s, machine_busy_s
+from torchrec_frugal.estimate.measure import children_cpu_s, machine_busy_s
 
 TRAIN_REL = Path("examples") / "dlrm" / "train.py"
 
@@ -164,7 +164,7 @@ def run_train_nodes(
     ``--nnodes`` with a static rendezvous on 127.0.0.1, ``nproc`` ranks each, and a shared-memory
     directory per node (TORCHREC_FRUGAL_SHM_DIR), which must be empty afterwards. Returns the
     summary JSON plus ``wall_s``; raises TrainRunError with the end of a failed node's output."""
-    from torchrec_frugal.launch import free_port
+    from torchrec_frugal.host.launch import free_port
 
     train_py = Path(train_py)
     user_args = list(args) + (["--threads", str(threads)] if threads is not None else [])

@@ -10,8 +10,8 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(1)
 
-from torchrec_frugal.shm import list_segments, owned_paths, sweep_stale_segments  # noqa: E402
-from torchrec_frugal.launch import leaked_segments  # noqa: E402
+from torchrec_frugal.host.shm import list_segments, owned_paths, sweep_stale_segments  # noqa: E402
+from torchrec_frugal.host.launch import leaked_segments  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -14,12 +14,12 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from torchrec_frugal import lookahead_feed
+from torchrec_frugal.engine.lookahead import feed as lookahead_feed
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
-from torchrec_frugal.engine import FrugalEngine
-from torchrec_frugal.optimizers import apply_update, state_width
+from torchrec_frugal.engine.frugal_engine import FrugalEngine
+from torchrec_frugal.engine.optimizers import apply_update, state_width
 from torchrec_frugal.priorities import INF
-from torchrec_frugal.step_plan import StepPlan
+from torchrec_frugal.engine.step_plan import StepPlan
 from torchrec_frugal.workload import ZipfWorkload
 
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from torchrec_frugal.cost_model import CostModel, Plan
+from torchrec_frugal.estimate.cost_model import CostModel, Plan
 from torchrec_frugal.datasets import DATASETS
-from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload
-from torchrec_frugal.profiles import load_profile
+from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload
+from torchrec_frugal.estimate.profiles import load_profile
 
 from benchmark_modules import load_benchmark
 

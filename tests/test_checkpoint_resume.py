@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples import checkpointing  # noqa: E402
-from torchrec_frugal.shm import list_segments  # noqa: E402
-from torchrec_frugal.launch import leaked_segments  # noqa: E402
+from torchrec_frugal.host.shm import list_segments  # noqa: E402
+from torchrec_frugal.host.launch import leaked_segments  # noqa: E402
 
 DLRM = [
     "--sharder", "frugal", "--scale", "0.001", "--batch-size", "64", "--steps", "50", "--warmup", "5",

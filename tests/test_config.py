@@ -159,7 +159,7 @@ def test_optimizer_spec_rejects_a_non_number():
 
 
 def test_planner_arguments_are_refused_where_given():
-    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner, frugal
+    from torchrec_frugal.torchrec.planner.planners import FrugalShardingPlanner, frugal
 
     with pytest.raises(ValueError, match=r"zipf_s must be > 0, got -1"):
         FrugalShardingPlanner(zipf_s=-1.0)
@@ -172,7 +172,7 @@ def test_planner_arguments_are_refused_where_given():
 def test_pipeline_lookahead_is_refused_where_given():
     import torch
 
-    from torchrec_frugal.torchrec.pipeline import FrugalTrainPipeline
+    from torchrec_frugal.torchrec.train_pipeline.train_pipelines import FrugalTrainPipeline
 
     with pytest.raises(ValueError, match=r"lookahead must be an int, got 2.5 \(float\)"):
         FrugalTrainPipeline(torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)]), torch.device("cpu"), lookahead=2.5)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from torchrec_frugal.calibrate import (
+from torchrec_frugal.estimate.calibrate import (
     TrainingRun,
     fit_collective,
     fit_dense,
@@ -17,7 +17,7 @@ from torchrec_frugal.calibrate import (
     fit_training,
     thread_efficiency,
 )
-from torchrec_frugal.cost_model import (
+from torchrec_frugal.estimate.cost_model import (
     SHARDINGS,
     TERMS,
     CostModel,
@@ -37,7 +37,7 @@ from torchrec_frugal.cost_model import (
     recommend_frugal,
     table_traffic,
 )
-from torchrec_frugal.profiles import ProfileError, builtin_profiles, load_profile, profile_from_dict
+from torchrec_frugal.estimate.profiles import ProfileError, builtin_profiles, load_profile, profile_from_dict
 
 DENSE = DenseModel.mlps((13, 512, 256, 32), (383, 512, 256, 1))
 

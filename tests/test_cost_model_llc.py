@@ -1,6 +1,6 @@
 """The last-level cache term of the cost model: which share of each table the cache holds, the
 row rates it blends, that profiles without it price as before, and the refit on recorded runs
-(:func:`torchrec_frugal.calibrate.fit_rates`) recovering known rates."""
+(:func:`torchrec_frugal.estimate.calibrate.fit_rates`) recovering known rates."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from torchrec_frugal.calibrate import TrainingRun, fit_rates
-from torchrec_frugal.cost_model import CostModel, CostTable, DenseModel, Plan, Primitives, Workload, llc_shares, table_traffic
-from torchrec_frugal.profiles import ProfileError, builtin_profiles, load_profile, profile_from_dict
+from torchrec_frugal.estimate.calibrate import TrainingRun, fit_rates
+from torchrec_frugal.estimate.cost_model import CostModel, CostTable, DenseModel, Plan, Primitives, Workload, llc_shares, table_traffic
+from torchrec_frugal.estimate.profiles import ProfileError, builtin_profiles, load_profile, profile_from_dict
 
 DENSE = DenseModel.mlps((13, 64, 16), (16, 32, 1))
 MIB = float(1 << 20)

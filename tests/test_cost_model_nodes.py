@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_frugal.cost_model import (
+from torchrec_frugal.estimate.cost_model import (
     F32,
     FRUGAL,
     FRUGAL_ROW_WISE,
@@ -26,9 +26,9 @@ from torchrec_frugal.cost_model import (
     predict_all,
     shardings_for,
 )
-from torchrec_frugal.estimate import dlrm_workload
-from torchrec_frugal.estimate import main as estimate_main
-from torchrec_frugal.profiles import ProfileError, load_profile, profile_from_dict
+from torchrec_frugal.estimate.cli import dlrm_workload
+from torchrec_frugal.estimate.cli import main as estimate_main
+from torchrec_frugal.estimate.profiles import ProfileError, load_profile, profile_from_dict
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 DENSE = DenseModel.mlps((13, 512, 256, 32), (383, 512, 256, 1))

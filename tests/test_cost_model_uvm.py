@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from torchrec_frugal.cost_model import (
+from torchrec_frugal.estimate.cost_model import (
     FRUGAL,
     UVM_CHOICES,
     CostModel,
@@ -20,7 +20,7 @@ from torchrec_frugal.cost_model import (
     split_choice,
     uvm_cache,
 )
-from torchrec_frugal.profiles import load_profile, profile_from_dict
+from torchrec_frugal.estimate.profiles import load_profile, profile_from_dict
 
 DENSE = DenseModel(flops_per_sample=1e3, params=1000, ops=3)
 

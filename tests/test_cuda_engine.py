@@ -12,15 +12,15 @@ import pytest
 import torch
 
 import test_engine_exactness as exact
-from torchrec_frugal.launch import leaked_segments, run_ranks
+from torchrec_frugal.host.launch import leaked_segments, run_ranks
 from engine_reference import Scenario, run_scenarios
-from torchrec_frugal import shm
+from torchrec_frugal.host import shm
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
-from torchrec_frugal.engine import FrugalEngine
+from torchrec_frugal.engine.frugal_engine import FrugalEngine
 from torchrec_frugal.errors import FrugalError
-from torchrec_frugal.host_registration import HostRegistration
-from torchrec_frugal.host_tables import HostTables
-from torchrec_frugal.streams import Streams
+from torchrec_frugal.host.registration import HostRegistration
+from torchrec_frugal.engine.host_tables import HostTables
+from torchrec_frugal.engine.streams import Streams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in scripts/device_check.sh)")
 
@@ -200,9 +200,9 @@ def test_engine_exact_with_ranks_sharing_one_gpu(world: int) -> None:
 
 _LOW_MEMLOCK = """
 import json, resource, sys, torch
-from torchrec_frugal import shm
+from torchrec_frugal.host import shm
 from torchrec_frugal.errors import FrugalError
-from torchrec_frugal.host_registration import HostRegistration, can_lock_any
+from torchrec_frugal.host.registration import HostRegistration, can_lock_any
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536))
 layout = shm.Layout([shm.Field("weights", torch.float32, (16 * 2**20 // 4,))])
 seg = shm.SharedSegment.create(f"{shm.PREFIX}{shm.new_run_id()}_memlock", layout)
@@ -238,8 +238,8 @@ def test_registration_under_a_small_locked_memory_limit_names_it() -> None:
 def test_copies_made_ahead_reach_the_compute_stream_and_gradients_reach_host() -> None:
     """CopyStream: indices moved on a stream of their own, used by the compute stream after its
     event without a host wait; GradientStaging: two page-locked buffers used in turn."""
-    from torchrec_frugal.gradient_staging import GradientStaging
-    from torchrec_frugal.streams import CopyStream
+    from torchrec_frugal.engine.gradient_staging import GradientStaging
+    from torchrec_frugal.engine.streams import CopyStream
 
     dev = torch.device("cuda", 0)
     copies = CopyStream(dev)

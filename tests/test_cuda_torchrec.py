@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 pytest.importorskip("torchrec", reason="needs TorchRec (scripts/device_check.sh brings it)")
 
 import test_torchrec_distributed as trd  # noqa: E402
-from torchrec_frugal.launch import run_ranks  # noqa: E402
+from torchrec_frugal.host.launch import run_ranks  # noqa: E402
 
 STEPS = 200
 EC_ROWS = trd.TABLE_ROWS[::2]

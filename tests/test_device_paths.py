@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 from engine_reference import Scenario, run_scenario, run_scenarios
-from torchrec_frugal import host_registration, shm
+from torchrec_frugal.host import registration as host_registration, shm
 from torchrec_frugal.config import FrugalConfig
 from torchrec_frugal.errors import FrugalError
-from torchrec_frugal.host_registration import PAGE_BYTES, HostRegistration, registration_range
-from torchrec_frugal.host_tables import HostTables, choose_host_path, pick_path
-from torchrec_frugal.lookup_plan import plan_lookup
-from torchrec_frugal.streams import REACHED, Streams, resolve_device, to_device
+from torchrec_frugal.host.registration import PAGE_BYTES, HostRegistration, registration_range
+from torchrec_frugal.engine.host_tables import HostTables, choose_host_path, pick_path
+from torchrec_frugal.engine.lookup_plan import plan_lookup
+from torchrec_frugal.engine.streams import REACHED, Streams, resolve_device, to_device
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)

@@ -109,7 +109,7 @@ def test_parse_args_defaults_and_errors():
 def test_the_cost_model_plans_the_run_and_the_pipeline_follows_its_lookahead(tmp_path):
     """--hardware: FrugalShardingPlanner picks each table's sharding, the cache ratio and L by the
     cost model; the summary records that plan, and the train pipeline runs the chosen L."""
-    from torchrec_frugal.cost_model import CACHE_RATIO_CHOICES, LOOKAHEAD_CHOICES, PLANNER_SHARDINGS
+    from torchrec_frugal.estimate.cost_model import CACHE_RATIO_CHOICES, LOOKAHEAD_CHOICES, PLANNER_SHARDINGS
 
     for nproc in (2, 1):  # on one rank the cpu profile prefers stock tables: the pipeline reads nothing ahead
         s = torchrun(TINY + ["--sharder", "frugal", "--hardware", "cpu", "--lookahead", "7"], tmp_path, nproc=nproc)
@@ -162,7 +162,7 @@ def test_two_nodes_plan_by_the_cost_model(tmp_path):
     from dataclasses import replace
 
     from examples.demo import run_train_nodes
-    from torchrec_frugal.profiles import load_profile
+    from torchrec_frugal.estimate.profiles import load_profile
 
     cpu = load_profile("cpu")
     slow = replace(cpu, name="slow_a2a", a2a_bw=cpu.a2a_bw / 1e3)

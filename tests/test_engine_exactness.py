@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from torchrec_frugal.launch import leaked_segments, run_ranks
+from torchrec_frugal.host.launch import leaked_segments, run_ranks
 from engine_reference import Scenario, run_scenarios
 
 STEPS = 1000

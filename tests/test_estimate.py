@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from torchrec_frugal import datasets
-from torchrec_frugal.cost_model import SHARDINGS, TERMS, shardings_for
-from torchrec_frugal.estimate import dense_model, dlrm_workload, main
+from torchrec_frugal.estimate.cost_model import SHARDINGS, TERMS, shardings_for
+from torchrec_frugal.estimate.cli import dense_model, dlrm_workload, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +76,7 @@ def test_the_example_configs_are_the_package_catalogue():
 
 def test_the_module_runs_without_the_repository_examples(tmp_path):
     """From another directory, with only the package importable: no examples/ import."""
-    code = ("import sys, torchrec_frugal.estimate as e; e.main(['--gpus', '2', '--hardware', 'rtx4090']); "
+    code = ("import sys, torchrec_frugal.estimate.cli as e; e.main(['--gpus', '2', '--hardware', 'rtx4090']); "
             "assert not any(m.startswith('examples') for m in sys.modules), 'imports examples/'; "
             "assert 'torchrec' not in sys.modules, 'imports torchrec'")  # fmt: skip
     env = dict(os.environ, PYTHONPATH=ROOT)

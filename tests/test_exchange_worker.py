@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
-from torchrec_frugal.engine import FrugalEngine
+from torchrec_frugal.engine.frugal_engine import FrugalEngine
 from torchrec_frugal.errors import FrugalError
-from torchrec_frugal.exchange_worker import ExchangeWorker
-from torchrec_frugal.flusher import Flusher
-from torchrec_frugal.lookahead_ring import LookaheadRing
-from torchrec_frugal.owner_update import OwnerUpdate
+from torchrec_frugal.engine.exchange_worker import ExchangeWorker
+from torchrec_frugal.engine.flush.flusher import Flusher
+from torchrec_frugal.engine.lookahead.ring import LookaheadRing
+from torchrec_frugal.engine.owner_update import OwnerUpdate
 
 
 def test_steps_run_in_order_off_the_caller_and_drain_waits_for_them() -> None:

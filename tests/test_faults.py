@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from torchrec_frugal.launch import free_port, leaked_segments, run_ranks
+from torchrec_frugal.host.launch import free_port, leaked_segments, run_ranks
 from torchrec_frugal import FrugalConfig, FrugalEngine, FrugalInputError, OptimizerSpec, TableSpec
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -8,14 +8,14 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from torchrec_frugal.control_record import FLUSHED, NUM_FIELDS, Control
-from torchrec_frugal.flusher import Flusher
-from torchrec_frugal.host_tables import HostTables
-from torchrec_frugal.lookahead import LookaheadWindow
-from torchrec_frugal.owner_cache import OwnerStore
+from torchrec_frugal.host.control_record import FLUSHED, NUM_FIELDS, Control
+from torchrec_frugal.engine.flush.flusher import Flusher
+from torchrec_frugal.engine.host_tables import HostTables
+from torchrec_frugal.engine.lookahead.window import LookaheadWindow
+from torchrec_frugal.engine.owner_cache import OwnerStore
 from torchrec_frugal.priorities import INF
-from torchrec_frugal.priority_queue import make_queue
-from torchrec_frugal.streams import REACHED, Streams
+from torchrec_frugal.engine.flush.priority_queue import make_queue
+from torchrec_frugal.engine.streams import REACHED, Streams
 
 ROWS, DIM, WIDTH, L = 64, 4, 1, 3
 CPU = torch.device("cpu")

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torchrec_frugal.control_record import FLUSHED, NUM_FIELDS, SYNC, UPDATED, Control
-from torchrec_frugal.gate import flushed_through, lagging_owners, sync
+from torchrec_frugal.host.control_record import FLUSHED, NUM_FIELDS, SYNC, UPDATED, Control
+from torchrec_frugal.engine.gate import flushed_through, lagging_owners, sync
 from torchrec_frugal.metrics import WAIT_EXCHANGE, WAIT_GATE, WAIT_KINDS, WAIT_SYNC
 from torchrec_frugal.priorities import INF
-from torchrec_frugal.priority_queue import TwoLevelQueue
+from torchrec_frugal.engine.flush.priority_queue import TwoLevelQueue
 
 
 def test_nothing_pending_is_current_forever() -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torchrec_frugal.control_record import GRAD_ROWS, STAGED, Control, control_field
-from torchrec_frugal.gradient_exchange import GradientExchange, sum_owned
-from torchrec_frugal.mailbox import Record, grads_layout
-from torchrec_frugal.shm import PREFIX, Layout, SharedSegment, new_run_id, owned_paths
-from torchrec_frugal.streams import REACHED
+from torchrec_frugal.host.control_record import GRAD_ROWS, STAGED, Control, control_field
+from torchrec_frugal.engine.gradient_exchange import GradientExchange, sum_owned
+from torchrec_frugal.host.mailbox import Record, grads_layout
+from torchrec_frugal.host.shm import PREFIX, Layout, SharedSegment, new_run_id, owned_paths
+from torchrec_frugal.engine.streams import REACHED
 
 WORLD, DIM, ROWS = 3, 2, 30
 

@@ -17,12 +17,13 @@ from typing import Optional
 import pytest
 import torch
 
-from torchrec_frugal import FrugalConfig, FrugalEngine, OptimizerSpec, TableSpec, shm
+from torchrec_frugal import FrugalConfig, FrugalEngine, OptimizerSpec, TableSpec
+from torchrec_frugal.host import shm
 from torchrec_frugal.errors import FrugalError
-from torchrec_frugal.host_memory import HostMemoryError, check_fits
-from torchrec_frugal.host_registration import memlock_hint
-from torchrec_frugal.launch import run_ranks
-from torchrec_frugal.shm import SharedMemoryFullError
+from torchrec_frugal.host.memory import HostMemoryError, check_fits
+from torchrec_frugal.host.registration import memlock_hint
+from torchrec_frugal.host.launch import run_ranks
+from torchrec_frugal.host.shm import SharedMemoryFullError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 2**20
@@ -33,7 +34,7 @@ _SMALL_MOUNT = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist, multiprocessing as mp
     sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
-    from torchrec_frugal.launch import run_ranks
+    from torchrec_frugal.host.launch import run_ranks
 
     def rank_fn(rank, world, shm_dir, rows):
         from torchrec_frugal import FrugalConfig, FrugalEngine, OptimizerSpec, TableSpec
@@ -109,7 +110,7 @@ def test_check_fits_names_tables_bytes_and_fix(tmp_path) -> None:
 
 
 def test_engine_checks_host_memory_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchrec_frugal import host_memory
+    from torchrec_frugal.host import memory as host_memory
 
     monkeypatch.setattr(host_memory, "mem_available", lambda: 1 * MIB)
     created = []
@@ -184,7 +185,7 @@ def test_sweep_keeps_a_live_segment_whose_pid_is_not_ours() -> None:
     assert not shm.pid_alive(dead)
     name = f"{shm.PREFIX}{dead}x{'ab' * 6}_host"
     code = (
-        "import sys, time, torch; from torchrec_frugal import shm; "
+        "import sys, time, torch; from torchrec_frugal.host import shm; "
         f"shm.SharedSegment.create({name!r}, shm.Layout([shm.Field('x', torch.float32, (16,))])); "
         "print('ready', flush=True); time.sleep(120)"
     )

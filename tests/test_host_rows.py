@@ -7,8 +7,8 @@ import torch
 from torchrec_frugal.config import TableSpec
 from torchrec_frugal.errors import FrugalInputError
 from torchrec_frugal.fused_rows import FusedRows
-from torchrec_frugal.host_rows import HostRows, aliases
-from torchrec_frugal.shm import PREFIX, Field, Layout, SharedSegment, new_run_id
+from torchrec_frugal.host.rows import HostRows, aliases
+from torchrec_frugal.host.shm import PREFIX, Field, Layout, SharedSegment, new_run_id
 
 FUSED = FusedRows([TableSpec("small", 4, 2), TableSpec("large", 6, 2)])
 

@@ -17,8 +17,9 @@ LAYERS = ("base", "host", "engine", "estimate", "torchrec")
 
 # Module (or package, for all of its modules) -> layer; names relative to the package.
 LAYER_OF: Dict[str, str] = {
-    # base: configuration, errors, row ids and the names every layer records under
+    # base: configuration, errors, row ids, synthetic id streams and the names every layer records under
     "config": "base",
+    "datasets": "base",
     "errors": "base",
     "fused_rows": "base",
     "int_sort": "base",
@@ -26,47 +27,13 @@ LAYER_OF: Dict[str, str] = {
     "presample": "base",
     "priorities": "base",
     "stack": "base",
+    "workload": "base",
     # host: shared memory, host memory, ranks of this machine
-    "control_record": "host",
-    "host_memory": "host",
-    "host_registration": "host",
-    "host_rows": "host",
-    "launch": "host",
-    "local_group": "host",
-    "mailbox": "host",
-    "shared_tables": "host",
-    "shm": "host",
+    "host": "host",
     # engine: the mechanism
-    "checkpoint_rows": "engine",
     "engine": "engine",
-    "exchange_worker": "engine",
-    "flusher": "engine",
-    "gate": "engine",
-    "gradient_exchange": "engine",
-    "gradient_staging": "engine",
-    "host_tables": "engine",
-    "lookahead": "engine",
-    "lookahead_feed": "engine",
-    "lookahead_ring": "engine",
-    "lookahead_worker": "engine",
-    "lookup_plan": "engine",
-    "optimizers": "engine",
-    "owner_cache": "engine",
-    "owner_update": "engine",
-    "priority_queue": "engine",
-    "rank_faults": "engine",
-    "step_plan": "engine",
-    "step_reads": "engine",
-    "step_update": "engine",
-    "streams": "engine",
     # estimate: the cost model, its hardware profiles and measured inputs
-    "calibrate": "estimate",
-    "cost_model": "estimate",
-    "datasets": "estimate",
     "estimate": "estimate",
-    "measure": "estimate",
-    "profiles": "estimate",
-    "workload": "estimate",
     # torchrec: the glue, and the package's entry point (it loads the glue)
     "": "torchrec",
     "torchrec": "torchrec",
@@ -136,7 +103,8 @@ def test_an_upward_import_and_a_cycle_are_found() -> None:
 
 def test_layers_come_from_the_nearest_package() -> None:
     assert package_layer_of(PACKAGE) == "torchrec"
-    assert package_layer_of(f"{PACKAGE}.cost_model.frugal") == "estimate"
+    assert package_layer_of(f"{PACKAGE}.estimate.cost_model.frugal") == "estimate"
     assert package_layer_of(f"{PACKAGE}.torchrec.embedding_lookup") == "torchrec"
-    assert package_layer_of(f"{PACKAGE}.gate") == "engine"
+    assert package_layer_of(f"{PACKAGE}.engine.gate") == "engine"
+    assert package_layer_of(f"{PACKAGE}.host.shm") == "host"
     assert package_layer_of(f"{PACKAGE}.no_such_module") is None

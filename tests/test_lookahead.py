@@ -6,7 +6,7 @@ from typing import Dict, Set
 import numpy as np
 import pytest
 
-from torchrec_frugal.lookahead import LookaheadWindow
+from torchrec_frugal.engine.lookahead.window import LookaheadWindow
 from torchrec_frugal.priorities import INF
 
 

@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_frugal.control_record import INGESTED, PUBLISHED, RING_ROWS, Control, control_field
+from torchrec_frugal.host.control_record import INGESTED, PUBLISHED, RING_ROWS, Control, control_field
 from torchrec_frugal.errors import FrugalError, FrugalInputError
-from torchrec_frugal.flusher import Flusher
-from torchrec_frugal.host_tables import HostTables
-from torchrec_frugal.lookahead import LookaheadWindow
-from torchrec_frugal.lookahead_feed import LookaheadFeed
-from torchrec_frugal.lookahead_ring import LookaheadRing
-from torchrec_frugal.mailbox import Record, keep_ring, ring_layout
-from torchrec_frugal.owner_cache import OwnerStore
+from torchrec_frugal.engine.flush.flusher import Flusher
+from torchrec_frugal.engine.host_tables import HostTables
+from torchrec_frugal.engine.lookahead.window import LookaheadWindow
+from torchrec_frugal.engine.lookahead.feed import LookaheadFeed
+from torchrec_frugal.engine.lookahead.ring import LookaheadRing
+from torchrec_frugal.host.mailbox import Record, keep_ring, ring_layout
+from torchrec_frugal.engine.owner_cache import OwnerStore
 from torchrec_frugal.priorities import INF
-from torchrec_frugal.priority_queue import make_queue
-from torchrec_frugal.shm import PREFIX, Layout, SharedSegment, new_run_id
-from torchrec_frugal.streams import REACHED, Streams
+from torchrec_frugal.engine.flush.priority_queue import make_queue
+from torchrec_frugal.host.shm import PREFIX, Layout, SharedSegment, new_run_id
+from torchrec_frugal.engine.streams import REACHED, Streams
 
 WORLD, ROWS, L = 2, 20, 2
 CPU = torch.device("cpu")

@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 
-from torchrec_frugal.control_record import GRAD_ROWS, RING_ROWS, Control, control_field
+from torchrec_frugal.host.control_record import GRAD_ROWS, RING_ROWS, Control, control_field
 from torchrec_frugal.errors import FrugalError
-from torchrec_frugal.mailbox import Record, grads_layout, keep_ring, ring_layout
-from torchrec_frugal.shm import PREFIX, Layout, SharedSegment, new_run_id
+from torchrec_frugal.host.mailbox import Record, grads_layout, keep_ring, ring_layout
+from torchrec_frugal.host.shm import PREFIX, Layout, SharedSegment, new_run_id
 
 RING, WORLD, DIM = 4, 2, 3
 

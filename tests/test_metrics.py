@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchrec_frugal.flusher import FlushCounts
+from torchrec_frugal.engine.flush.flusher import FlushCounts
 from torchrec_frugal.metrics import PHASES, WAIT_KINDS, StepRecorder
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchrec_frugal.config import OptimizerSpec
-from torchrec_frugal.optimizers import apply_update, state_width
+from torchrec_frugal.engine.optimizers import apply_update, state_width
 
 fbgemm = pytest.importorskip("fbgemm_gpu.split_table_batched_embeddings_ops_training")
 from fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType  # noqa: E402

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_frugal.owner_cache import OwnerStore, assign_ownership
+from torchrec_frugal.engine.owner_cache import OwnerStore, assign_ownership
 
 
 def _counts(sizes, seed):
@@ -195,7 +195,7 @@ def test_owner_store_growth_preserves_contents_and_reuses_slots():
 def test_ownership_from_presample_sums_counts_over_ranks_and_checks_them() -> None:
     from torchrec_frugal.config import TableSpec
     from torchrec_frugal.errors import FrugalInputError
-    from torchrec_frugal.owner_cache import ownership_from_presample
+    from torchrec_frugal.engine.owner_cache import ownership_from_presample
 
     tables = [TableSpec("a", 10, 2), TableSpec("b", 20, 2)]
     counts = [torch.zeros(10), torch.zeros(20)]

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from torchrec_frugal.config import OptimizerSpec
-from torchrec_frugal.host_tables import HostTables
-from torchrec_frugal.optimizers import apply_update, state_width
-from torchrec_frugal.owner_cache import OwnerStore
-from torchrec_frugal.owner_update import OwnerUpdate
+from torchrec_frugal.engine.host_tables import HostTables
+from torchrec_frugal.engine.optimizers import apply_update, state_width
+from torchrec_frugal.engine.owner_cache import OwnerStore
+from torchrec_frugal.engine.owner_update import OwnerUpdate
 
 ROWS, DIM = 40, 3
 CPU = torch.device("cpu")

@@ -10,10 +10,10 @@ from typing import Dict
 
 import pytest
 
-from torchrec_frugal.cost_model import LOOKAHEAD_CHOICES, TERMS, CostModel, Plan, predict_all
+from torchrec_frugal.estimate.cost_model import LOOKAHEAD_CHOICES, TERMS, CostModel, Plan, predict_all
 from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS
-from torchrec_frugal.estimate import PRESAMPLE_STEPS, dlrm_workload
-from torchrec_frugal.profiles import load_profile
+from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload
+from torchrec_frugal.estimate.profiles import load_profile
 
 from benchmark_modules import load_benchmark
 

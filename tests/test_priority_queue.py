@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from torchrec_frugal.priorities import INF, QUEUE_KINDS
-from torchrec_frugal.priority_queue import HeapQueue, PendingQueue, TwoLevelQueue, make_queue
+from torchrec_frugal.engine.flush.priority_queue import HeapQueue, PendingQueue, TwoLevelQueue, make_queue
 
 KINDS = list(QUEUE_KINDS)
 

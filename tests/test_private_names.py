@@ -188,7 +188,7 @@ def test_no_private_reach_ins() -> None:
         ("from a.b import _helper", True),
         ("from torch.distributed._shard import x", True),
         ('monkeypatch.setattr(presample, "_MIN_FLUSH_IDS", 1)', True),
-        ('monkeypatch.setattr("torchrec_frugal.shm._create", f)', True),
+        ('monkeypatch.setattr("torchrec_frugal.host.shm._create", f)', True),
         ('setattr(eng, "_flush_once", f)', True),
         ('getattr(self, "_lock")', False),
         ('monkeypatch.setattr(presample, "MIN_FLUSH_IDS", 1)', False),

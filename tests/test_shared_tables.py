@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from torchrec_frugal.config import FrugalConfig, TableSpec
-from torchrec_frugal.control_record import FLUSHED, PID, PUBLISHED, RUNNING, STAGED, STATUS
+from torchrec_frugal.host.control_record import FLUSHED, PID, PUBLISHED, RUNNING, STAGED, STATUS
 from torchrec_frugal.errors import FrugalInputError
-from torchrec_frugal.local_group import LocalGroup
+from torchrec_frugal.host.local_group import LocalGroup
 from torchrec_frugal.priorities import INF
-from torchrec_frugal.shared_tables import init_host_tables, open_shared_tables
-from torchrec_frugal.shm import PREFIX, Field, Layout, SharedSegment, new_run_id
+from torchrec_frugal.host.shared_tables import init_host_tables, open_shared_tables
+from torchrec_frugal.host.shm import PREFIX, Field, Layout, SharedSegment, new_run_id
 
 TABLES = [TableSpec("a", 5, 3), TableSpec("b", 7, 3)]
 
@@ -67,7 +67,7 @@ def test_initial_weights_by_function_or_default_and_shape_checked() -> None:
 
 def test_large_tables_show_their_initialisation(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Filling host tables of more than PROGRESS_BYTES shows a progress bar; smaller ones stay quiet."""
-    from torchrec_frugal import shared_tables
+    from torchrec_frugal.host import shared_tables
 
     specs = [TableSpec("a", 30, 4), TableSpec("b", 20, 4)]
     weights, state = torch.empty(50, 4), torch.empty(50, 4)

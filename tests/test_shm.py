@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from torchrec_frugal import shm
-from torchrec_frugal.shm import Field, Layout, SharedSegment
+from torchrec_frugal.host import shm
+from torchrec_frugal.host.shm import Field, Layout, SharedSegment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,7 +130,7 @@ def test_remove_run_segments_only_that_run():
 _CHILD = textwrap.dedent(
     """
     import os, sys, time, torch
-    from torchrec_frugal import shm
+    from torchrec_frugal.host import shm
     mode = sys.argv[1]
     if mode == "other_job" and os.fork():
         os._exit(0)        # the child lives on, no longer a descendant of the test: another job
@@ -179,7 +179,7 @@ def test_sweep_removes_segment_of_dead_creator_and_keeps_live_ones():
 def test_the_leak_check_leaves_other_jobs_live_segments_alone():
     """The tests' leak check answers for segments of this test run (stale ones, or held by this
     process's descendants), not for those another job on the machine holds live meanwhile."""
-    from torchrec_frugal.launch import of_this_run
+    from torchrec_frugal.host.launch import of_this_run
 
     mine = _child("sleep")
     other = _child("other_job")

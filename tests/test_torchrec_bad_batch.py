@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from test_torchrec_distributed import TABLE_ROWS, ZipfBatches, build, full_tables, release, table_shapes
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 14
 # name -> (lookahead, {(batch index, rank) refused}): batch i of rank r gets a bad id.

@@ -32,7 +32,7 @@ from test_torchrec_distributed import (
     release,
     table_shapes,
 )
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 8
 # (step, rank) -> [(feature, position in the feature's ids, id)]

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from test_torchrec_distributed import CPU, REL_TOL, TABLE_ROWS, ZipfBatches, build, release, table_shapes, train
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 ROWS = TABLE_ROWS[:4]
 K = 8  # steps before the save, then again before the load (the steps replayed)

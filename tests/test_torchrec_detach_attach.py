@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from test_torchrec_distributed import TABLE_ROWS, ZipfBatches, build, full_tables, initial_table, release, table_shapes
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 LOOPS = ("epochs", "midway", "midway_no_attach")
 

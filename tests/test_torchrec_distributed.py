@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 TABLE_ROWS = [1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000]
 FEATURES = [f"f{i}" for i in range(len(TABLE_ROWS))]
@@ -226,7 +226,7 @@ def build(
 
     from torchrec_frugal.config import FrugalConfig
     from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder, FrugalEmbeddingCollectionSharder
-    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner, frugal_row_wise
+    from torchrec_frugal.torchrec.planner.planners import FrugalShardingPlanner, frugal_row_wise
 
     torch.manual_seed(0)  # the same dense initial weights in every run
     fp = {**fused_params(opt), **(fused_extra or {})}

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from test_torchrec_distributed import full_tables, initial_table, release
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 ROWS = [400, 700]
 DIM = 8

@@ -44,7 +44,7 @@ from test_torchrec_distributed import (
     release,
     table_shapes,
 )
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 12
 LR = 0.05
@@ -555,7 +555,7 @@ def test_the_planner_refuses_what_frugal_tables_do_not_honour(caplog: pytest.Log
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.modules.embedding_configs import DataType
 
-    with caplog.at_level("WARNING", logger="torchrec_frugal.torchrec.planner"):
+    with caplog.at_level("WARNING", logger="torchrec_frugal.torchrec.planner.planners"):
         plan = plan_small(fused("adagrad", max_norm=0.5))
     assert all(ps.sharding_type not in ("frugal", "frugal_row_wise") for ps in plan.plan[""].values())
     lines = [r.getMessage() for r in caplog.records if "not frugal" in r.getMessage()]

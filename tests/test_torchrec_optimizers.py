@@ -33,7 +33,7 @@ from torch import nn
 
 from test_torchrec_distributed import BATCH, DENSE_IN, DIM, ZipfBatches, initial_table, release
 from test_torchrec_distributed import train as plain_loop
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 ROWS = [300, 500, 800, 1200]
 STEPS = 10

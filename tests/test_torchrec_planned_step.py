@@ -35,7 +35,7 @@ from test_torchrec_distributed import (
     release,
     table_shapes,
 )
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 40
 # "thread": FrugalTrainPipeline (its planner thread); "none": TrainPipelineSparseDist (no plans).
@@ -57,20 +57,20 @@ PLANNING_CALLS = (
     ("torchrec_frugal.fused_rows", "FusedRows", "of_table_runs"),
     ("torchrec_frugal.fused_rows", "FusedRows", "of_ids"),
     ("torchrec_frugal.fused_rows", "FusedRows", "check"),
-    ("torchrec_frugal.engine", "FrugalEngine", "plan_step"),
-    ("torchrec_frugal.engine", None, "plan_lookup"),
-    ("torchrec_frugal.step_reads", None, "plan_lookup"),  # an unplanned lookup's split
+    ("torchrec_frugal.engine.frugal_engine", "FrugalEngine", "plan_step"),
+    ("torchrec_frugal.engine.frugal_engine", None, "plan_lookup"),
+    ("torchrec_frugal.engine.step_reads", None, "plan_lookup"),  # an unplanned lookup's split
     ("torch", None, "unique"),
-    ("torchrec_frugal.torchrec.batch_planner", None, "snapshot"),  # the copy of a batch read
+    ("torchrec_frugal.torchrec.train_pipeline.batch_planner", None, "snapshot"),  # the copy of a batch read
 )
 # What a step's update calls once backward handed its gradients over: the exchange worker's.
 EXCHANGE_CALLS = (
-    ("torchrec_frugal.gradient_exchange", "GradientExchange", "stage"),
-    ("torchrec_frugal.gradient_exchange", "GradientExchange", "sum_owned"),
-    ("torchrec_frugal.owner_update", "OwnerUpdate", "apply"),
-    ("torchrec_frugal.flusher", "Flusher", "flush_once"),
-    ("torchrec_frugal.flusher", "Flusher", "flush_due"),
-    ("torchrec_frugal.lookahead_ring", "LookaheadRing", "publish"),  # the lookahead of a batch announced
+    ("torchrec_frugal.engine.gradient_exchange", "GradientExchange", "stage"),
+    ("torchrec_frugal.engine.gradient_exchange", "GradientExchange", "sum_owned"),
+    ("torchrec_frugal.engine.owner_update", "OwnerUpdate", "apply"),
+    ("torchrec_frugal.engine.flush.flusher", "Flusher", "flush_once"),
+    ("torchrec_frugal.engine.flush.flusher", "Flusher", "flush_due"),
+    ("torchrec_frugal.engine.lookahead.ring", "LookaheadRing", "publish"),  # the lookahead of a batch announced
 )
 # Host-reading aten ops of an id check, a unique or a comparison of batches.
 PLANNING_OPS = {"_unique2", "unique_dim", "unique_consecutive", "sort", "equal", "masked_select", "min", "max"}
@@ -146,7 +146,7 @@ def train_with(
     update that much later (an exchange worker lagging behind)."""
     import time
 
-    from torchrec_frugal.owner_update import OwnerUpdate
+    from torchrec_frugal.engine.owner_update import OwnerUpdate
     from torchrec_frugal.torchrec.embedding_lookup import FrugalEmbeddingLookup
 
     plan, apply = FrugalEmbeddingLookup.plan, OwnerUpdate.apply

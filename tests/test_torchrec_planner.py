@@ -21,9 +21,9 @@ from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec_frugal.config import FrugalConfig
 from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder, FrugalEmbeddingCollectionSharder
 from torchrec_frugal.torchrec.checkpoint import row_blocks
-from torchrec_frugal.torchrec.planner import FrugalShardingPlanner, frugal
+from torchrec_frugal.torchrec.planner.planners import FrugalShardingPlanner, frugal
 from torchrec_frugal.torchrec.embedding_kernel import optimizer_spec
-from torchrec_frugal.torchrec.topology import CONSUMER_GPUS, consumer_pcie_topology
+from torchrec_frugal.torchrec.planner.topology import CONSUMER_GPUS, consumer_pcie_topology
 
 ROWS = [1000, 5000, 200000, 30000]
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
@@ -260,7 +260,7 @@ def test_the_lookahead_goes_into_copies_never_into_the_script_s_sharders() -> No
     from torchrec_frugal.config import FrugalConfig
     from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder
     from torchrec_frugal.torchrec.fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
-    from torchrec_frugal.torchrec.planner import with_lookahead
+    from torchrec_frugal.torchrec.planner.planners import with_lookahead
 
     config = FrugalConfig(lookahead=7)
     ebc = FrugalEmbeddingBagCollectionSharder(config=config)

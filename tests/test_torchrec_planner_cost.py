@@ -21,12 +21,12 @@ from torchrec.distributed.planner import ParameterConstraints, Topology
 import test_torchrec_distributed as trd
 from test_torchrec_planner import ADAGRAD, EBC_PATH, ROWS, dlrm, types
 from torchrec_frugal.config import FrugalConfig
-from torchrec_frugal.cost_model import PLANNER_SHARDINGS
-from torchrec_frugal.profiles import HardwareProfile, load_profile
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.estimate.cost_model import PLANNER_SHARDINGS
+from torchrec_frugal.estimate.profiles import HardwareProfile, load_profile
+from torchrec_frugal.host.launch import run_ranks
 from torchrec_frugal.torchrec import FRUGAL, FrugalEmbeddingBagCollectionSharder
-from torchrec_frugal.torchrec.plan_choice import TableCandidates
-from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+from torchrec_frugal.torchrec.planner.plan_choice import TableCandidates
+from torchrec_frugal.torchrec.planner.planners import FrugalShardingPlanner
 
 CPU = load_profile("cpu")  # predicts frugal for every table of the test DLRM
 RTX3090 = load_profile("rtx3090")  # predicts table_wise for every table
@@ -110,9 +110,9 @@ def test_the_cache_ratio_is_the_smaller_of_the_choice_and_device_memory() -> Non
 
 
 def test_the_report_shows_the_predicted_terms(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="torchrec_frugal.torchrec.stats"):
+    with caplog.at_level(logging.INFO, logger="torchrec_frugal.torchrec.planner.stats"):
         planned(SLOW_HOST_READS)
-    report = "\n".join(r.getMessage() for r in caplog.records if r.name == "torchrec_frugal.torchrec.stats")
+    report = "\n".join(r.getMessage() for r in caplog.records if r.name == "torchrec_frugal.torchrec.planner.stats")
     assert "PREDICTED" in report and "predictions, not measurements" in report
     assert "| term (ms per step) | plan | frugal | table_wise | row_wise | table_row_wise |" in report
     for term in ("host_reads", "output_all_to_all", "engine_host", "**step**", "samples/s"):
@@ -147,7 +147,7 @@ class MixedPlanner(FrugalShardingPlanner):
 
 
 def _planned_and_table_wise(rank: int, world: int) -> Dict[str, Any]:
-    import torchrec_frugal.torchrec.planner as planner_module
+    import torchrec_frugal.torchrec.planner.planners as planner_module
 
     planner_module.FrugalShardingPlanner = MixedPlanner  # type: ignore[misc]  # build() plans with it
     dmp, optimizer, key = trd.build(world, "frugal", "adagrad")

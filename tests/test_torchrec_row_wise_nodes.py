@@ -36,7 +36,7 @@ from test_torchrec_distributed import (
     table_shapes,
     train,
 )
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 60
 # (optimizer, pipeline, model): DLRM's EmbeddingBagCollection, or an EmbeddingCollection ("ec")
@@ -197,7 +197,7 @@ def _hardware_plan(world: int) -> Dict[str, Any]:
 
     from torchrec_frugal.config import FrugalConfig
     from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder
-    from torchrec_frugal.torchrec.planner import FrugalShardingPlanner
+    from torchrec_frugal.torchrec.planner.planners import FrugalShardingPlanner
 
     ebc = EmbeddingBagCollection(
         tables=[EmbeddingBagConfig(name=f"t{t}", embedding_dim=DIM, num_embeddings=r, feature_names=[f"f{t}"])
@@ -266,7 +266,7 @@ def test_the_planner_prices_the_nodes_with_a_hardware_profile(nodes: List[Dict[s
     """With hardware="cpu" the planner chooses among the shardings that span nodes (frugal_row_wise,
     never frugal), predicts the plan no slower than any uniform one, and every rank gets the same
     choice, with the chosen L in its sharders' config."""
-    from torchrec_frugal.cost_model import planner_shardings
+    from torchrec_frugal.estimate.cost_model import planner_shardings
 
     first = nodes[0]["hardware_plan"]
     assert set(first["types"]) == {f"t{t}" for t in range(len(TABLE_ROWS))}

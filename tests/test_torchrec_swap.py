@@ -36,7 +36,7 @@ from torchrec.modules.embedding_configs import DataType
 from test_torchrec_distributed import full_tables, initial_table, release
 from test_torchrec_fp_embeddingbag import FPModel
 from torchrec_frugal.config import FrugalConfig
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 from torchrec_frugal.torchrec import (
     FRUGAL,
     FrugalEmbeddingBagCollectionSharder,

@@ -21,7 +21,7 @@ from torch import nn
 
 import test_torchrec_distributed as base
 from test_torchrec_distributed import VariantBatches, VariantsModel, build, full_tables, initial_table, release, table_shapes
-from torchrec_frugal.launch import run_ranks
+from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 12
 LOOPS = ("two_towers", "dropped_forward", "state_dict_between")

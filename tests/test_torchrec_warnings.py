@@ -16,8 +16,8 @@ from torchrec.distributed.planner.storage_reservations import HeuristicalStorage
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
 from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder, FrugalShardingPlanner
-from torchrec_frugal.torchrec.storage import DenseEstimateStorageReservation, dense_tensor_estimate
-from torchrec_frugal.torchrec.topology import consumer_pcie_topology
+from torchrec_frugal.torchrec.planner.storage_reservations import DenseEstimateStorageReservation, dense_tensor_estimate
+from torchrec_frugal.torchrec.planner.topology import consumer_pcie_topology
 
 ADAGRAD = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1}
 WORRIES = ("topology", "storagereservation", "dense_tensor_estimate", "dense tensor")

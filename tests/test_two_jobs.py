@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from torchrec_frugal import shm
-from torchrec_frugal.launch import leaked_segments
+from torchrec_frugal.host import shm
+from torchrec_frugal.host.launch import leaked_segments
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "two_jobs_worker.py")

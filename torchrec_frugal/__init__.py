@@ -8,7 +8,7 @@ from . import stack
 stack.require("torch")  # an ImportError saying what to install first, rather than a bare "No module named"
 
 from .config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
-from .engine import FrugalEngine
+from .engine.frugal_engine import FrugalEngine
 from .errors import FrugalError, FrugalInputError, RankLostError
 from .metrics import StepMetrics
 

@@ -11,11 +11,11 @@ from . import patches  # noqa: E402
 from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingCollection
 from .embeddingbag import FrugalEmbeddingBagCollectionSharder, FrugalShardedEmbeddingBagCollection
 from .fp_embeddingbag import FrugalFeatureProcessedEmbeddingBagCollectionSharder
-from .pipeline import FrugalTrainPipeline
-from .planner import FrugalShardingPlanner, frugal, frugal_row_wise
-from .stats import FrugalCostStats
+from .train_pipeline.train_pipelines import FrugalTrainPipeline
+from .planner.planners import FrugalShardingPlanner, frugal, frugal_row_wise
+from .planner.stats import FrugalCostStats
 from .types import FRUGAL, FRUGAL_ROW_WISE
-from .topology import CONSUMER_GPUS, consumer_pcie_topology
+from .planner.topology import CONSUMER_GPUS, consumer_pcie_topology
 
 patches.apply()
 

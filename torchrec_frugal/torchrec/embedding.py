@@ -25,8 +25,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
 from .embedding_types import FrugalShardedModuleMixin, FrugalSharderMixin, customized_kernel_for_frugal
-from .frugal_row_wise_sharding import FrugalRowWiseSequenceEmbeddingSharding
-from .frugal_sharding import FrugalSequenceEmbeddingSharding
+from .sharding.frugal_row_wise_sharding import FrugalRowWiseSequenceEmbeddingSharding
+from .sharding.frugal_sharding import FrugalSequenceEmbeddingSharding
 from .types import FRUGAL_TYPES
 
 # TorchRec's EmbeddingCollectionSharder offers these on every device.

@@ -2,7 +2,7 @@
 
 The counterpart of TorchRec's ``batched_embedding_kernel.py``: where a fused FBGEMM kernel serves
 a batch of tables and applies the optimizer inside backward, a :class:`FrugalTableGroup` serves
-its tables through a :class:`~torchrec_frugal.engine.FrugalEngine`, and :class:`FrugalStep`
+its tables through a :class:`~torchrec_frugal.engine.frugal_engine.FrugalEngine`, and :class:`FrugalStep`
 hands the step's row gradients to that engine, which sums them over ranks and updates each row
 at its owner.
 """
@@ -21,12 +21,12 @@ from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.optim.fused import EmptyFusedOptimizer, FusedOptimizerModule
 
 from ..config import FrugalConfig, OptimizerSpec, TableSpec
-from ..engine import FrugalEngine, Rows
+from ..engine.frugal_engine import FrugalEngine, Rows
 from ..errors import FrugalError, FrugalInputError
 from .optim import FrugalFusedOptimizer
 from .row_pooling import TransposedBags
 from .checkpoint import row_layout
-from ..step_plan import StepPlan
+from ..engine.step_plan import StepPlan
 from .types import OPTIMIZER_KINDS, FrugalTable
 
 # FBGEMM TBE defaults (SplitTableBatchedEmbeddingBagsCodegen's arguments), used when fused_params omit them.

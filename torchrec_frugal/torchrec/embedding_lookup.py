@@ -27,7 +27,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from ..config import FrugalConfig
 from ..errors import FrugalError, FrugalInputError
 from ..int_sort import sorted_unique, unique_inverse
-from ..streams import REACHED, CopyStream, Marker
+from ..engine.streams import REACHED, CopyStream, Marker
 from .bounds_check import OutOfRangeLog, RowZero
 from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
 from .feature_layout import FeatureLayout, sample_major

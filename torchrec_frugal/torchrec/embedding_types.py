@@ -21,14 +21,14 @@ from torchrec.distributed.types import Awaitable, ParameterSharding, ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
-from ..engine import FrugalEngine
+from ..engine.frugal_engine import FrugalEngine
 from ..errors import FrugalInputError
 from .bounds_check import ROW_ZERO, OutOfRangeLog, RowZero, row_zero
 from .checkpoint import held_rows, rows_sharded_tensor
 from .embedding_lookup import BatchPlan, FrugalEmbeddingLookup
-from .frugal_sharding import FrugalEmbeddingSharding
+from .sharding.frugal_sharding import FrugalEmbeddingSharding
 from .fused_params import frugal_fused_params
-from .node_groups import local_world_size
+from .sharding.node_groups import local_world_size
 from .plan_report import engine_caches, log_plan_report, plan_report
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 

@@ -27,8 +27,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..config import FrugalConfig
 from .embedding_types import FrugalShardedModuleMixin, FrugalSharderMixin, customized_kernel_for_frugal
-from .frugal_row_wise_sharding import FrugalRowWisePooledEmbeddingSharding
-from .frugal_sharding import FrugalPooledEmbeddingSharding
+from .sharding.frugal_row_wise_sharding import FrugalRowWisePooledEmbeddingSharding
+from .sharding.frugal_sharding import FrugalPooledEmbeddingSharding
 from .types import FRUGAL_TYPES
 
 # Every TorchRec sharding type; TorchRec's sharder offers the row-wise ones on CUDA only, but

@@ -17,7 +17,7 @@ from .checkpoint import ROWWISE_KINDS, held_rows, rows_sharded_tensor, state_col
 from .types import FrugalTable
 
 if TYPE_CHECKING:
-    from ..engine import FrugalEngine
+    from ..engine.frugal_engine import FrugalEngine
 
 
 class FusedTableGroup(Protocol):

@@ -42,9 +42,9 @@ from torchrec.distributed.types import ShardingType
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from ..config import FrugalConfig, OptimizerSpec
-from ..cost_model import CostTable, DenseModel, Plan, Primitives, RowDistribution, Workload, frugal_table_terms, table_traffic
-from ..profiles import link_profile
-from ..optimizers import state_width
+from ..estimate.cost_model import CostTable, DenseModel, Plan, Primitives, RowDistribution, Workload, frugal_table_terms, table_traffic
+from ..estimate.profiles import link_profile
+from ..engine.optimizers import state_width
 from .checkpoint import row_layout
 from .sharding_choice import frugal_first
 from .types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES, OPTIMIZER_KINDS
@@ -340,7 +340,7 @@ def _fp_compute_kernels(original: Callable[..., List[str]]) -> Callable[..., Lis
 
 class FrugalPerfEvaluator(DataParallelEvaluator):
     """Per-rank cost of a frugal shard in TorchRec's perf model: the cost model's price of one frugal
-    table (:func:`torchrec_frugal.cost_model.frugal_table_terms`, which FrugalShardingPlanner's choice
+    table (:func:`torchrec_frugal.estimate.cost_model.frugal_table_terms`, which FrugalShardingPlanner's choice
     sums over a plan), on the bandwidths TorchRec gives the shard (device memory; the host link at
     most the device's), with the shard's cache ratio and ids spread evenly over the table's rows
     (TorchRec's perf model knows no distribution; row-wise Adagrad state). Lookups and host reads

@@ -17,7 +17,7 @@ import numpy as np
 from torchrec.distributed.types import ParameterSharding
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
-from ..engine import FrugalEngine
+from ..engine.frugal_engine import FrugalEngine
 
 logger: logging.Logger = logging.getLogger(__name__)
 

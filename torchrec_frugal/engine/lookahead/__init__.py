@@ -1,0 +1,1 @@
+"""The lookahead window: each owned row's next host read over the steps the loader has read ahead."""

@@ -1,0 +1,134 @@
+"""A step's update, from backward's hand-off to its metrics.
+
+The training thread only launches the copy of its step's gradients to host and hands the step
+over (:meth:`StepUpdate.hand_over`); the exchange worker then stages the gradients sorted by owner,
+waits for every rank's, sums the gradients of the rows this rank owns, applies the optimizer
+(``owner_update``), queues the host writes by the step at which a rank next reads each row from
+host, flushes what is due and records the step's metrics (:meth:`StepUpdate.run`). The next
+step's gate (:meth:`StepUpdate.wait_gate`) waits for that update, and for every owner's.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Deque, List, Optional
+
+import numpy as np
+import torch
+
+from ..host.control_record import FLUSHED, UPDATED, Control
+from .exchange_worker import ExchangeWorker
+from .flush.flusher import Flusher
+from .gate import lagging_owners
+from .gradient_exchange import GradientExchange
+from .gradient_staging import GradientStaging
+from .lookahead.feed import LookaheadFeed
+from ..host.mailbox import Record
+from ..metrics import WAIT_GATE, StepMetrics, StepRecorder
+from .owner_cache import OwnerStore
+from .owner_update import OwnerUpdate
+from .streams import Marker, Streams
+
+
+class StepUpdate:
+    """The update half of every step of one rank's engine, run by its exchange worker."""
+
+    def __init__(
+        self, rank: int, grad_record: Record, control: Control, owner: np.ndarray, dim: int, device: torch.device,
+        owner_update: OwnerUpdate, store: OwnerStore, flusher: Flusher, lookahead_feed: LookaheadFeed,
+        streams: Streams, worker: ExchangeWorker, recorder: StepRecorder, guard: Callable[[Callable[[], object]], object],
+    ) -> None:  # fmt: skip
+        self._exchange = GradientExchange(grad_record, control, owner, dim)
+        self._staging = GradientStaging(dim, device)
+        self._rank = rank
+        self._control = control
+        self._owner_update = owner_update
+        self._store = store
+        self._flusher = flusher
+        self._feed = lookahead_feed
+        self._streams = streams
+        self._worker = worker
+        self._recorder = recorder
+        self._guard = guard
+        # The exchange worker's last hand-off the next step's gate waits for: the previous step's
+        # update, or the step's own publish when begin_step announces it.
+        self.ticket = 0
+        self.last_metrics: Optional[StepMetrics] = None  # of the newest step whose update is done
+        self._finished: Deque[StepMetrics] = deque(maxlen=4096)  # since the last take_metrics()
+
+    def hand_over(self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int) -> None:
+        """Launch the copy of step ``s``'s gradients to host and hand its update to the exchange
+        worker. ``divide_by``: on an accelerator before the copy, else where the update runs, the
+        same division either way."""
+        if grads.requires_grad:
+            grads = grads.detach()
+        if divide_by != 1 and grads.device.type != "cpu":
+            grads, divide_by = grads / divide_by, 1
+        host_grads, copied = self._staging.to_host(grads)
+        self.ticket = self._worker.submit(lambda: self._handed_over(s, iteration, rows, host_grads, copied, reads_done, divide_by))
+
+    def _handed_over(
+        self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, copied: Marker, reads_done: Marker,
+        divide_by: int,
+    ) -> None:
+        """Step ``s``'s update on the exchange worker, once its gradients are on the host."""
+        copied.synchronize()
+        self._guard(lambda: self.run(s, iteration, rows, grads, reads_done, divide_by))
+
+    def wait_gate(self, s: int) -> float:
+        """Wait until step ``s`` may read: every owner applied step s - 1 and has no pending host
+        write read at s; returns the seconds waited."""
+        worker, flusher, feed, control = self._worker, self._flusher, self._feed, self._control
+
+        def idle() -> bool:
+            ingested = feed.ingest_while_waiting()
+            ticket = self.ticket  # this rank's own update of step s - 1 (and its flush)
+            if not worker.done_through(ticket):
+                return worker.wait_done(2e-3, ticket) or ingested
+            if flusher.threads or control.get(FLUSHED)[self._rank] >= s:
+                return ingested  # the flushers write what step s reads (or none of it is pending here)
+            return flusher.flush_once(max_priority=s, wait=False) or ingested
+
+        return control.wait(WAIT_GATE, lambda: lagging_owners(control, s), f"the gate of step {s}", idle)
+
+    def run(
+        self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int
+    ) -> None:
+        flusher, feed, rec = self._flusher, self._feed, self._recorder
+        t0 = time.perf_counter()
+        if divide_by != 1:
+            grads = grads / divide_by
+        self._exchange.stage(s, rows, grads, reads_done)
+        t1 = time.perf_counter()
+        rec.exchange_wait_s = self._exchange.wait_staged(
+            s, idle=lambda: flusher.flush_once(max_priority=flusher.background_bound(), wait=False)
+        )
+        t2 = time.perf_counter()
+        owned, summed = self._exchange.sum_owned()
+        t3 = time.perf_counter()
+        rec.add("exchange", (t1 - t0) + (t3 - t2))
+
+        feed.ingest_through(s)
+        with flusher.lock:
+            feed.retire(s)
+            flusher.queue.advance(s + 1)
+            t4 = time.perf_counter()
+            held = self._owner_update.apply(iteration, owned, summed)
+            updated = self._streams.mark()
+            t5 = time.perf_counter()
+            flusher.queue_writes(held, feed.priorities(held, s), updated)
+            self._control.set(UPDATED, s)
+        t6 = time.perf_counter()
+        rec.add("update", t5 - t4)
+        rec.add("bookkeeping", (t4 - t3) + (t6 - t5))
+        flusher.flush_due(s)
+        rec.add("flush", time.perf_counter() - t6)
+        self.last_metrics = rec.finish(s, flusher.take_counts(), self._store.dynamic_in_use, self._control.take_waited())
+        self._finished.append(self.last_metrics)
+
+    def take_metrics(self) -> List[StepMetrics]:
+        """The metrics of every step whose update finished since the last call, oldest first."""
+        out = []
+        while self._finished:
+            out.append(self._finished.popleft())
+        return out

@@ -1,0 +1,1 @@
+"""Will it pay: the cost model, hardware profiles, calibration and ``python -m torchrec_frugal.estimate``."""

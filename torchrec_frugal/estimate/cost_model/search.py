@@ -1,0 +1,184 @@
+"""Plans of least predicted step: Frugal's settings, a stock choice's cache load factor, and a
+sharding per table (:func:`choose_plan`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+from .model import CostModel
+from .workload import FRUGAL, FRUGAL_KINDS, FRUGAL_ROW_WISE, FUSED_UVM_CACHING, PREFETCH, STOCK_SHARDINGS, UVM_CHOICES, Plan, StepCost, Workload, split_choice
+
+CACHE_RATIO_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2)
+LOOKAHEAD_CHOICES = (0, 2, 5, 10)
+UVM_LOAD_FACTOR_CHOICES = (0.05, 0.1, 0.2, 0.4)
+"""cache_load_factor choices of a fused_uvm_caching plan (TorchRec's default: 0.2)."""
+
+
+def frugal_kind(nodes: int) -> str:
+    """Frugal's sharding on ``nodes`` machines: ``frugal`` on one, ``frugal_row_wise`` across several."""
+    return FRUGAL if nodes == 1 else FRUGAL_ROW_WISE
+
+
+def shardings_for(nodes: int, device: str = "cuda") -> Tuple[str, ...]:
+    """The choices to compare on ``nodes`` machines: Frugal's kind there, then the stock shardings,
+    then (on a CUDA device) TorchRec's offloading."""
+    return (frugal_kind(nodes),) + STOCK_SHARDINGS + (UVM_CHOICES if device == "cuda" else ())
+
+
+def recommend_stock(
+    model: CostModel, w: Workload, choice: str, load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES
+) -> Tuple[Plan, StepCost]:
+    """A stock choice on every table; for fused_uvm_caching, the cache_load_factor of least predicted
+    step among those that fit (the smallest if none fits)."""
+    if split_choice(choice)[1] != FUSED_UVM_CACHING:
+        plan = Plan(choice)
+        return plan, model.predict(w, plan)
+    return _least_step(model, w, [Plan(choice, uvm_load_factor=lf) for lf in load_factors])
+
+
+def recommend_frugal(
+    model: CostModel,
+    w: Workload,
+    cache_ratios: Sequence[float] = CACHE_RATIO_CHOICES,
+    lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
+) -> Tuple[Plan, StepCost]:
+    """The cache ratio and lookahead of least predicted step time among those that fit in device
+    memory (the smallest cache if none fits); ties go to the earlier choice."""
+    kind = frugal_kind(w.nodes)
+    return _least_step(model, w, [Plan(kind, cache_ratio=c, lookahead=L) for c in cache_ratios for L in lookaheads])
+
+
+def _least_step(model: CostModel, w: Workload, plans: Sequence[Plan]) -> Tuple[Plan, StepCost]:
+    """The first of ``plans`` with the least predicted step among those that fit (by ``_better``)."""
+    best: Optional[Tuple[Plan, StepCost]] = None
+    for plan in plans:
+        cost = model.predict(w, plan)
+        if _better(cost, None if best is None else best[1]):
+            best = (plan, cost)
+    assert best is not None
+    return best
+
+
+def predict_all(
+    model: CostModel, w: Workload, frugal: Optional[Plan] = None, shardings: Optional[Sequence[str]] = None
+) -> Dict[str, StepCost]:
+    """Every choice's predicted step (default: ``shardings_for(w.nodes, device)``); Frugal with
+    ``frugal``'s cache ratio and lookahead, or the recommended ones; fused_uvm_caching with its
+    recommended cache_load_factor (``details["uvm_load_factor"]``)."""
+    out: Dict[str, StepCost] = {}
+    for s in shardings if shardings is not None else shardings_for(w.nodes, model.hw.device):
+        if s in FRUGAL_KINDS:
+            out[s] = model.predict(w, replace(frugal, sharding=s)) if frugal is not None else recommend_frugal(model, w)[1]
+        else:
+            plan, out[s] = recommend_stock(model, w, s)
+            if split_choice(s)[1] == FUSED_UVM_CACHING:
+                out[s].details["uvm_load_factor"] = plan.uvm_load_factor
+    return out
+
+
+PLANNER_SHARDINGS = (FRUGAL, "table_wise", "row_wise", "table_row_wise")
+"""What a table may take when the planner chooses on one node (data_parallel replicates whole
+tables); across nodes ``frugal_row_wise`` takes frugal's place (:func:`planner_shardings`); on a
+CUDA device also TorchRec's offloading of table_wise and row_wise."""
+
+
+def planner_shardings(nodes: int, device: str = "cuda", prefetch: bool = False) -> Tuple[str, ...]:
+    """The planner's candidates: ``prefetch`` adds fused_uvm_caching with the prefetch pipeline
+    (the model must then be trained with TorchRec's PrefetchTrainPipelineSparseDist)."""
+    uvm = tuple(c for c in UVM_CHOICES if prefetch or not c.endswith(PREFETCH)) if device == "cuda" else ()
+    return (frugal_kind(nodes),) + PLANNER_SHARDINGS[1:] + uvm
+
+
+@dataclass
+class PlanChoice:
+    """The plan of least predicted step, and each uniform plan for comparison (all predictions)."""
+
+    plan: Plan
+    cost: StepCost
+    uniform: Dict[str, Tuple[Plan, StepCost]]
+
+    def predicted(self) -> Dict[str, StepCost]:
+        """"plan" (the chosen one), then every uniform alternative by sharding."""
+        return {"plan": self.cost, **{s: c for s, (_, c) in self.uniform.items()}}
+
+
+def _better(cost: StepCost, than: Optional[StepCost]) -> bool:
+    """A plan that fits beats one that does not; else faster by more than 0.1% (ties keep ``than``)."""
+    return than is None or (cost.fits and not than.fits) or (
+        cost.fits == than.fits and cost.step_s < than.step_s * (1 - 1e-3)
+    )
+
+
+def choose_plan(
+    model: CostModel,
+    w: Workload,
+    candidates: Optional[Mapping[str, Sequence[str]]] = None,
+    cache_ratios: Sequence[float] = CACHE_RATIO_CHOICES,
+    lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
+    rounds: int = 4,
+    load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES,
+) -> PlanChoice:
+    """A sharding per table, a cache ratio and a lookahead of least predicted step time.
+
+    ``candidates`` maps each table to the shardings it may take (default: ``planner_shardings``;
+    a table with one candidate is fixed). A local search starts from each uniform plan (every
+    table on one sharding where it allows it, Frugal's settings tuned) and alternates: each table
+    in turn, largest first, moves to the sharding that lowers the predicted step of the whole
+    mixed plan (``CostModel.predict``); then the cache ratio and L are tuned for the assignment;
+    until a round changes nothing. The best end point wins. The step is not a sum of per-table
+    costs (shared all-to-all latencies, the engine's fixed work, the gate stall, contention), so
+    every move is priced on the whole plan; the result is never predicted slower than the best
+    uniform plan.
+    """
+    names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
+    cand = {n: tuple((candidates or {}).get(n, planner_shardings(w.nodes, model.hw.device))) for n in names}
+    if any(not c for c in cand.values()):
+        raise ValueError("every table needs at least one candidate sharding")
+
+    def tune(assign: Dict[str, str], plan: Plan, cost: Optional[StepCost]) -> Tuple[Plan, StepCost]:
+        """The best cache ratio and L (with fused_uvm_caching tables: cache_load_factor) for
+        ``assign`` (kept as in ``plan`` on ties)."""
+        best = (plan, cost if cost is not None else model.predict(w, plan))
+        if set(assign.values()) & set(FRUGAL_KINDS):
+            for c in cache_ratios:
+                for L in lookaheads:
+                    trial = Plan.of(assign, c, L, best[0].uvm_load_factor)
+                    trial_cost = model.predict(w, trial)
+                    if _better(trial_cost, best[1]):
+                        best = (trial, trial_cost)
+        if any(split_choice(s)[1] == FUSED_UVM_CACHING for s in assign.values()):
+            for lf in load_factors:
+                trial = Plan.of(assign, best[0].cache_ratio, best[0].lookahead, lf)
+                trial_cost = model.predict(w, trial)
+                if _better(trial_cost, best[1]):
+                    best = (trial, trial_cost)
+        return best
+
+    def descend(assign: Dict[str, str], plan: Plan, cost: StepCost) -> Tuple[Plan, StepCost]:
+        for _ in range(rounds):
+            moved = False
+            for n in names:
+                for s in cand[n]:
+                    if s == assign[n]:
+                        continue
+                    trial = {**assign, n: s}
+                    trial_plan = Plan.of(trial, plan.cache_ratio, plan.lookahead, plan.uvm_load_factor)
+                    trial_cost = model.predict(w, trial_plan)
+                    if _better(trial_cost, cost):
+                        assign, plan, cost, moved = trial, trial_plan, trial_cost, True
+            if not moved:
+                break
+            plan, cost = tune(assign, plan, cost)
+        return plan, cost
+
+    uniform: Dict[str, Tuple[Plan, StepCost]] = {}
+    best: Optional[Tuple[Plan, StepCost]] = None
+    for s in dict.fromkeys(x for n in names for x in cand[n]):
+        assign = {n: s if s in cand[n] else cand[n][0] for n in names}
+        uniform[s] = tune(assign, Plan.of(assign), None)
+        plan, cost = descend(assign, *uniform[s])
+        if best is None or _better(cost, best[1]):
+            best = (plan, cost)
+    assert best is not None
+    plan, cost = best
+    return PlanChoice(plan, cost, uniform)

@@ -1,0 +1,2 @@
+"""Host memory shared by the ranks of a machine: shared-memory segments, the tables' rows,
+mailboxes, the control record, registration with the device, and the rank launcher."""

@@ -1,0 +1,1 @@
+"""FrugalShardingPlanner, its cost-model choice, stats, storage and topologies."""

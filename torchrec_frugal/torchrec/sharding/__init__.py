@@ -1,0 +1,1 @@
+"""The frugal sharding types, as TorchRec's ``distributed/sharding/`` holds its own."""

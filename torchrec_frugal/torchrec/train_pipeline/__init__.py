@@ -1,0 +1,1 @@
+"""FrugalTrainPipeline and the threads it runs beside the step."""

@@ -18,7 +18,7 @@ COMPAT_STAMP := $(COMPAT)/.installed
 # Everything that goes through TorchRec: the planner shims, planner, sharders, fused optimizers,
 # pipeline, checkpoints, the swap example, and the DLRM and graph examples (the real-KG accuracy
 # runs stay in make test).
-TORCHREC_TESTS := $(wildcard tests/test_torchrec_*.py) tests/test_swap_example.py tests/test_dlrm_train.py tests/test_graph_train.py
+TORCHREC_TESTS := $(wildcard tests/torchrec/test_torchrec_*.py) tests/examples/test_swap_example.py tests/examples/test_dlrm_train.py tests/examples/test_graph_train.py
 PYTEST_TORCHREC := -m pytest -x -q -p no:cacheprovider $(TORCHREC_TESTS) -k "not real_kg"
 
 .PHONY: demo test test-compat test-latest test-install venv bench clean

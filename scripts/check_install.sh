@@ -20,7 +20,7 @@ REPO=$(pwd -P)
 DOC=$REPO/docs/install.md
 PYTHON=${PYTHON:-python3.11}
 SWAP_EXAMPLE=${SWAP_EXAMPLE:-examples/swap_dlrm.py}
-INSTALL_TESTS=${INSTALL_TESTS:-"tests/test_torchrec_planner.py tests/test_torchrec_patches.py"}
+INSTALL_TESTS=${INSTALL_TESTS:-"tests/torchrec/test_torchrec_planner.py tests/torchrec/test_torchrec_patches.py"}
 start=$SECONDS
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/frugal-install-check.XXXXXX")
@@ -119,7 +119,7 @@ OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=
 step "tests copied out of the checkout: $INSTALL_TESTS"
 cp -r "$REPO/tests" "$RUN/tests"
 find "$RUN/tests" -name __pycache__ -prune -exec rm -rf {} +
-# The copied conftest.py puts tests/ (the copy) on the path and nothing else; this test fails if
+# The copied conftest.py puts tests/harness/ (the copy) on the path and nothing else; this test fails if
 # anything under the checkout were importable, or torchrec_frugal came from elsewhere than the venv.
 cat > "$RUN/tests/test_installed_wheel.py" <<EOF
 import pathlib, sys, sysconfig

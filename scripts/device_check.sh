@@ -99,18 +99,18 @@ suite() {
 }
 
 unit() {
-  suite "registration checks: CUDA mocked, and the CUDA runtime torch loaded (tests/test_device_paths.py)" 40 \
-    tests/test_device_paths.py -k "registration or loaded_runtime"
+  suite "registration checks: CUDA mocked, and the CUDA runtime torch loaded (tests/engine/test_device_paths.py)" 40 \
+    tests/engine/test_device_paths.py -k "registration or loaded_runtime"
   suite "CUDA unit tests: mapped tables, a failed registration, staged copies, flush stream" 60 \
-    tests/test_cuda_engine.py -k "not ranks_sharing"
+    tests/engine/test_cuda_engine.py -k "not ranks_sharing"
 }
 torchrec() {
-  suite "TorchRec with frugal tables on CUDA vs TorchRec on CPU, 2 and 4 ranks, checkpoint (tests/test_cuda_torchrec.py)" 240 \
-    tests/test_cuda_torchrec.py
+  suite "TorchRec with frugal tables on CUDA vs TorchRec on CPU, 2 and 4 ranks, checkpoint (tests/torchrec/test_cuda_torchrec.py)" 240 \
+    tests/torchrec/test_cuda_torchrec.py
 }
 engine() {
-  suite "engine exactness on CUDA, 2 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[2]"
-  suite "engine exactness on CUDA, 4 ranks sharing GPU 0" 100 "tests/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[4]"
+  suite "engine exactness on CUDA, 2 ranks sharing GPU 0" 100 "tests/engine/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[2]"
+  suite "engine exactness on CUDA, 4 ranks sharing GPU 0" 100 "tests/engine/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[4]"
 }
 
 # The examples as a user runs them; the three scripts of one rank count run side by side.

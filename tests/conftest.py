@@ -1,4 +1,4 @@
-"""Test set-up: import helpers from tests/, one thread per process, no shared memory left behind."""
+"""Test set-up: the shared harness (tests/harness/) importable, one thread per process, no shared memory left behind."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "harness"))  # the shared harness
 torch.set_num_threads(1)
 
 from torchrec_frugal.host.shm import list_segments, owned_paths, sweep_stale_segments  # noqa: E402

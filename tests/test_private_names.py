@@ -5,7 +5,7 @@ through a public hook, so that renaming a private never silently changes a test 
 Private names of third-party code (TorchRec, torch, the standard library) are allowed only where
 listed below with the reason, or, for TorchRec's and torch's, in
 ``torchrec_frugal.torchrec.patches.THIRD_PARTY_PRIVATES``, where each is guarded by its source hash,
-a class that still assigns it or the names its module still provides (``tests/test_torchrec_patches.py``).
+a class that still assigns it or the names its module still provides (``tests/torchrec/test_torchrec_patches.py``).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ What each shim answers for "frugal", and why, is the table of patches/README.md.
 records, per supported TorchRec release line, the SHA-256 of each wrapped (or relied-on)
 function's source that the shims were checked against, the one argument name that differs
 between them, and the hashes of the private functions in ``THIRD_PARTY_PRIVATES``;
-tests/test_torchrec_patches.py fails when the installed stack changes one. An unsupported
+tests/torchrec/test_torchrec_patches.py fails when the installed stack changes one. An unsupported
 TorchRec gets the newest release's shims and an ``UnsupportedTorchRecWarning``.
 """
 from __future__ import annotations
@@ -176,7 +176,7 @@ def warn_if_unsupported(version: str) -> None:
         warnings.warn(
             f"torchrec_frugal supports TorchRec {', '.join(sorted(RELEASES, key=_version_key))}; "
             f"TorchRec {version} is installed, so the planner shims of {select_release(version)} are used "
-            "unchecked (tests/test_torchrec_patches.py shows which TorchRec functions changed)",
+            "unchecked (tests/torchrec/test_torchrec_patches.py shows which TorchRec functions changed)",
             UnsupportedTorchRecWarning,
         )
 

@@ -1,0 +1,61 @@
+"""The examples check their arguments and data paths before any rank starts (errors that say what
+to do), and --help shows every default."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DLRM = ROOT / "examples" / "dlrm" / "train.py"
+GRAPH = ROOT / "examples" / "graph" / "train.py"
+# The examples' imports (torch, TorchRec) take a few seconds on a loaded 2-core machine; planning and
+# sharding the default model, which a late check came after, took about 25 s more.
+BOUND_S = 40.0
+
+
+def run(script: Path, *args: str) -> "tuple[subprocess.CompletedProcess, float]":
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return proc, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize(
+    "script,args,says",
+    [
+        (DLRM, ["--data", "criteo-npy", "--data-path", "{missing}"],
+         ["no such file or directory", "_dense.npy", "python -m torchrec.datasets.scripts.npy_preproc_criteo",
+          "--output_dir {missing}", "leave out --data"]),
+        (DLRM, ["--data", "criteo-tsv", "--data-path", "{missing}"],
+         ["no such file or directory", "train.txt", "day_*", "leave out --data"]),
+        (DLRM, ["--data", "criteo-tsv"], ["needs --data-path", "train.txt"]),
+        (GRAPH, ["--dataset", "tsv", "--data-path", "{missing}"], ["not a directory", "train, valid and test"]),
+    ],
+)  # fmt: skip
+def test_a_missing_data_path_stops_before_any_rank_starts(tmp_path, script, args, says) -> None:
+    missing = str(tmp_path / "criteo")
+    proc, took = run(script, *(a.format(missing=missing) for a in args))
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # argparse's error exit
+    err = proc.stderr
+    for s in says:
+        assert s.format(missing=missing) in err, (s, err)
+    assert "Traceback" not in err and "[dlrm]" not in proc.stdout and "[graph]" not in proc.stdout
+    assert took < BOUND_S, took
+
+
+@pytest.mark.parametrize("script,sharder", [(DLRM, "torchrec"), (GRAPH, "frugal")])
+def test_help_shows_every_default(script, sharder) -> None:
+    proc, _ = run(script, "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    assert re.search(r"--sharder \{torchrec,frugal\} .*?\(default: " + sharder + r"\)", text)
+    entries = re.split(r"\n  (?=-)", proc.stdout.split("options:", 1)[1])[1:]  # one per option
+    options = [" ".join(e.split()) for e in entries if not e.startswith("-h")]
+    assert len(options) > 20
+    assert [o.split()[0] for o in options if "(default:" not in o] == []

@@ -28,6 +28,7 @@ LAYER_OF: Dict[str, str] = {
     "priorities": "base",
     "stack": "base",
     "workload": "base",
+    "worker": "base",
     # host: shared memory, host memory, ranks of this machine
     "host": "host",
     # engine: the mechanism

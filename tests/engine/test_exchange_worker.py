@@ -1,6 +1,6 @@
-"""The exchange worker: steps handed over run in order, drains wait for them, a failure on the
-worker surfaces on the training thread with its cause, and on CPU it publishes the lookahead
-(one rank; the engine's exactness with it is ``test_engine_exactness``'s)."""
+"""The exchange worker in the engine: on CPU it publishes the lookahead off the training thread
+(one rank; the engine's exactness with it is ``test_engine_exactness``'s; the worker itself,
+ordering, tickets, drains and failures, is ``tests/test_worker.py``'s)."""
 from __future__ import annotations
 
 import threading
@@ -13,87 +13,9 @@ import torch
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine.frugal_engine import FrugalEngine
 from torchrec_frugal.errors import FrugalError
-from torchrec_frugal.engine.exchange_worker import ExchangeWorker
 from torchrec_frugal.engine.flush.flusher import Flusher
 from torchrec_frugal.engine.lookahead.ring import LookaheadRing
 from torchrec_frugal.engine.owner_update import OwnerUpdate
-
-
-def test_steps_run_in_order_off_the_caller_and_drain_waits_for_them() -> None:
-    done: List[Any] = []
-    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: done.append(e))
-    for i in range(5):
-        worker.submit(lambda i=i: (time.sleep(0.01), done.append((i, threading.current_thread().name))))
-    assert worker.pending > 0  # handed over, not run by the caller
-    worker.drain(timeout_s=10)
-    assert done == [(i, "frugal-exchange-test") for i in range(5)] and worker.pending == 0
-    worker.stop(1)
-    with pytest.raises(FrugalError, match="stopped"):
-        worker.submit(lambda: None)
-
-
-def test_a_failing_step_is_reported_and_ends_the_worker() -> None:
-    seen: List[BaseException] = []
-    worker = ExchangeWorker("frugal-exchange-test", on_failure=seen.append)
-    worker.submit(lambda: 1 / 0)
-    worker.submit(lambda: seen.append(RuntimeError("must not run")))
-    worker.drain(timeout_s=10)  # returns: the worker failed
-    assert len(seen) == 1 and isinstance(seen[0], ZeroDivisionError)
-    worker.stop(1)
-
-
-def test_a_wait_for_a_ticket_does_not_wait_for_later_hand_offs() -> None:
-    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
-    later = threading.Event()
-    first = worker.submit(lambda: None)
-    second = worker.submit(lambda: later.wait(5))
-    assert (first, second) == (1, 2)
-    assert worker.wait_done(5, first) and worker.done_through(first)
-    assert not worker.wait_done(0.05, second) and not worker.done_through(second)
-    later.set()
-    assert worker.wait_done(5, second) and worker.pending == 0
-    worker.stop(1)
-
-
-def test_a_step_handed_over_without_a_wake_runs_with_the_next_woken_one_or_when_woken_for_or_waited_for() -> None:
-    ran: List[str] = []
-    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
-    worker.submit(lambda: None)
-    worker.drain(timeout_s=5)
-    time.sleep(0.05)  # the worker has gone back to sleep
-    quiet = worker.submit(lambda: ran.append("quiet"), wake=False)
-    time.sleep(0.2)
-    assert ran == [] and worker.pending == 1  # not woken for it
-    worker.submit(lambda: ran.append("woken"))  # wakes the worker: both run, in order
-    worker.drain(timeout_s=5)
-    assert ran == ["quiet", "woken"]
-    ticket = worker.submit(lambda: ran.append("waited for"), wake=False)
-    assert ticket == quiet + 2 and worker.wait_done(5, ticket) and ran[-1] == "waited for"
-    time.sleep(0.05)
-    ticket = worker.submit(lambda: ran.append("woken through"), wake=False)
-    worker.wake_through(ticket - 1)  # woken already: no wake
-    time.sleep(0.2)
-    assert ran[-1] == "waited for" and worker.pending == 1
-    worker.wake_through(ticket)  # runs it without waiting for it
-    deadline = time.monotonic() + 5
-    while ran[-1] != "woken through" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ran[-1] == "woken through"
-    worker.submit(lambda: ran.append("drained"), wake=False)
-    worker.drain(timeout_s=5)
-    assert ran[-1] == "drained"
-    worker.stop(1)
-
-
-def test_a_drain_that_times_out_names_the_steps_left() -> None:
-    worker = ExchangeWorker("frugal-exchange-test", on_failure=lambda e: None)
-    gate = threading.Event()
-    worker.submit(lambda: gate.wait(5))
-    with pytest.raises(FrugalError, match=r"1 step\(s\) not done after 0.05 s"):
-        worker.drain(timeout_s=0.05)
-    gate.set()
-    worker.drain(timeout_s=5)
-    worker.stop(1)
 
 
 def _train(

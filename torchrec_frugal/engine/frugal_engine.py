@@ -14,7 +14,7 @@ One engine serves a group of tables of equal dimension, fused into one row space
 
 Steps 1-2 take a :class:`~.step_plan.StepPlan` made ahead (``plan_step``, any thread) instead of
 rows, and step 3 only launches the gradients' copy to host and hands the step to the exchange
-worker (``exchange_worker.py``): staging, summing, the owner's update, priorities and flushing run
+worker (a :class:`~torchrec_frugal.worker.Worker`): staging, summing, the owner's update, priorities and flushing run
 there, and the next step's gate waits for that update.
 
 No rank is special after set-up: the gate reads every owner's progress counters in shared memory.
@@ -61,7 +61,7 @@ from ..config import FrugalConfig, OptimizerSpec, TableSpec
 from .checkpoint_rows import CheckpointRows
 from ..host.control_record import CLOSED, FAILED, STATUS
 from ..errors import FrugalError, FrugalInputError
-from .exchange_worker import ExchangeWorker
+from ..worker import Worker
 from .flush.flusher import Flusher
 from .gate import sync
 from ..fused_rows import FusedRows
@@ -163,7 +163,7 @@ class FrugalEngine:
             cfg.flush_chunk_rows, cfg.max_deferred_rows, workers, self._faults.fail_from_thread,
         )  # fmt: skip
         # Where backward hands a step's gradients over.
-        self.exchange_worker = ExchangeWorker(f"frugal-exchange-{self.rank}", self._faults.fail_from_thread)
+        self.exchange_worker = Worker(f"frugal-exchange-{self.rank}", self._faults.fail_from_thread)
         # The lookahead's publishing: a thread of its own on an accelerator, else the exchange worker.
         self.lookahead_feed = LookaheadFeed(
             self.lookahead, self.ring, self.window, self.flusher, self.control, self.device,

@@ -6,6 +6,12 @@ waits for every rank's, sums the gradients of the rows this rank owns, applies t
 (``owner_update``), queues the host writes by the step at which a rank next reads each row from
 host, flushes what is due and records the step's metrics (:meth:`StepUpdate.run`). The next
 step's gate (:meth:`StepUpdate.wait_gate`) waits for that update, and for every owner's.
+
+The exchange worker is one :class:`~torchrec_frugal.worker.Worker` a rank: the steps handed over
+run on it in order, each with a ticket, and a gate waits only for the tickets its step needs. A
+step handed over belongs to the worker until it is done; a failure there is raised, with its
+cause, at the training thread's next call. Where the lookahead has no thread of its own (a CPU
+device), the worker also publishes this rank's announced steps, in announce order among the updates.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import numpy as np
 import torch
 
 from ..host.control_record import FLUSHED, UPDATED, Control
-from .exchange_worker import ExchangeWorker
+from ..worker import Worker
 from .flush.flusher import Flusher
 from .gate import lagging_owners
 from .gradient_exchange import GradientExchange
@@ -36,7 +42,7 @@ class StepUpdate:
     def __init__(
         self, rank: int, grad_record: Record, control: Control, owner: np.ndarray, dim: int, device: torch.device,
         owner_update: OwnerUpdate, store: OwnerStore, flusher: Flusher, lookahead_feed: LookaheadFeed,
-        streams: Streams, worker: ExchangeWorker, recorder: StepRecorder, guard: Callable[[Callable[[], object]], object],
+        streams: Streams, worker: Worker, recorder: StepRecorder, guard: Callable[[Callable[[], object]], object],
     ) -> None:  # fmt: skip
         self._exchange = GradientExchange(grad_record, control, owner, dim)
         self._staging = GradientStaging(dim, device)

@@ -2,8 +2,8 @@
 
 Every update of a row this rank owns queues a host write with priority = the next step at which
 some rank reads the row from host (INF when no read is in the window: deferred, so that further
-updates coalesce into one write). Flusher threads copy chunks of the lowest priority in the
-background; the training thread copies the rows the very next step reads itself, and helps while
+updates coalesce into one write). Flusher threads (each a :class:`~torchrec_frugal.worker.Worker`
+whose idle task is a chunk) copy chunks of the lowest priority in the background; the training thread copies the rows the very next step reads itself, and helps while
 it waits. After every change the owner publishes FLUSHED, the step through which its host rows
 are current, which is what the peers' gates read.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Callable, List, Optional, Union
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from ..owner_cache import OwnerStore
 from ...priorities import INF
 from .priority_queue import PendingQueue
 from ..streams import REACHED, Marker, Streams, to_device
+from ...worker import Worker
+
+POLL_S = (0.01, 0.01)  # a flusher with nothing due looks again this often (a new update wakes it at once)
 
 
 @dataclass
@@ -69,7 +72,6 @@ class Flusher:
         self.chunk_rows = chunk_rows
         self.max_deferred_rows = max_deferred_rows
         self.lock = threading.Lock()
-        self._work = threading.Condition(self.lock)
         self._mutex = threading.Lock()  # one chunk in flight at a time
         self._inflight: Optional[int] = None  # progress bound of the chunk being copied
         self._updated: Marker = REACHED  # reached once the store holds every update queued so far
@@ -77,14 +79,14 @@ class Flusher:
         self._counts = FlushCounts()
         self.total_rows = 0
         self.total_bytes = 0
-        self._on_failure = on_failure
-        self._stop = False
-        self.threads = [
-            threading.Thread(target=self._loop, name=f"frugal-flusher-{control.rank}-{i}", daemon=True)
+        self.workers = [
+            Worker(f"frugal-flusher-{control.rank}-{i}", on_failure, idle=self._flush_background, poll_s=POLL_S)
             for i in range(workers)
         ]
-        for t in self.threads:
-            t.start()
+
+    @property
+    def threads(self) -> List[threading.Thread]:
+        return [w.thread for w in self.workers]
 
     # ------------------------------------------------------------------ called with the lock held
     def queue_writes(self, rows: np.ndarray, priorities: Union[int, np.ndarray], updated: Marker) -> None:
@@ -108,8 +110,9 @@ class Flusher:
         self.control.set(FLUSHED, flushed_through(self.queue.min_priority(), last, self._inflight))
 
     def wake_all(self) -> None:
-        """Wake every flusher: new rows may be worth flushing (lock held)."""
-        self._work.notify_all()
+        """Wake every flusher: new rows may be worth flushing."""
+        for w in self.workers:
+            w.wake()
 
     # ------------------------------------------------------------------ flushing
     def flush_once(self, max_priority: Optional[int], wait: bool = True) -> bool:
@@ -129,14 +132,14 @@ class Flusher:
         """
         while self.flush_once(max_priority=step + 1):
             pass
-        if not self.threads:  # no flusher keeps the deferred rows bounded: this thread does
+        if not self.workers:  # no flusher keeps the deferred rows bounded: this thread does
             while self.background_bound() == INF and self.flush_once(max_priority=INF):
                 pass
             return
-        with self._work:
+        with self.lock:
             m = self.queue.min_priority()
-            if m is not None and m != INF:
-                self._work.notify()
+        if m is not None and m != INF:
+            self.workers[0].wake()
 
     def background_bound(self) -> int:
         """Highest priority worth flushing ahead of need: any finite one, INF only past the bound.
@@ -217,15 +220,9 @@ class Flusher:
         finally:
             self._mutex.release()
 
-    def _loop(self) -> None:
-        try:
-            while not self._stop:
-                if not self._flush(self.background_bound(), wait=True, background=True):
-                    with self._work:
-                        if not self._stop:
-                            self._work.wait(timeout=0.01)
-        except BaseException as e:  # surfaced to the training thread at its next call
-            self._on_failure(e)
+    def _flush_background(self) -> bool:
+        """A flusher's idle task: one chunk of what is worth flushing ahead of need."""
+        return self._flush(self.background_bound(), wait=True, background=True)
 
     # ------------------------------------------------------------------ counters and shutdown
     def take_counts(self) -> FlushCounts:
@@ -238,9 +235,5 @@ class Flusher:
 
     def stop(self, timeout_s: float) -> None:
         """Stop the flusher threads; pending writes stay pending."""
-        with self.lock:
-            self._stop = True
-            self._work.notify_all()
-        for t in self.threads:
-            if t is not threading.current_thread():
-                t.join(timeout=timeout_s)
+        for w in self.workers:
+            w.stop(timeout_s)

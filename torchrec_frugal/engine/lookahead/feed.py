@@ -25,7 +25,7 @@ import torch
 
 from ...host.control_record import INGESTED, PUBLISHED, Control
 from ...errors import FrugalError, FrugalInputError
-from ..exchange_worker import ExchangeWorker
+from ...worker import Worker
 from ..flush.flusher import Flusher
 from .window import LookaheadWindow
 from .ring import LookaheadRing
@@ -53,7 +53,7 @@ class LookaheadFeed:
         flusher: Flusher,
         control: Control,
         device: torch.device,
-        exchange: ExchangeWorker,
+        exchange: Worker,
         guard: Callable[[Callable[[], object]], object],
         check_failed: Callable[[], None],
         on_failure: Callable[[BaseException], None],
@@ -129,7 +129,7 @@ class LookaheadFeed:
     def _announce(self, t: int, rows: torch.Tensor, wake: bool = True) -> Optional[int]:
         """Publish step t's rows to their owners: through the lookahead worker, or handed over to
         the exchange worker (returns its ticket; ``wake=False``: the worker need not wake for it,
-        see ``ExchangeWorker.submit``)."""
+        see ``Worker.submit``)."""
         if self.worker is not None:
             self.worker.announce(t, rows.numpy())
         elif self.lookahead > 0:

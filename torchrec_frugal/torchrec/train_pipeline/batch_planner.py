@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, List, Optional, Sequence
 
@@ -28,6 +28,7 @@ from ...errors import FrugalError
 from .batch_agreement import Agree, agreed_refusal
 from ..embedding_lookup import BatchPlan
 from ..embedding_types import FrugalShardedModuleMixin
+from ...worker import Worker
 
 ModulePlans = List[List[BatchPlan]]
 """Per frugal module (in the pipeline's order), per frugal lookup, the plan of one batch."""
@@ -117,60 +118,74 @@ class PlanJob:
             self.plans.set_exception(error)
 
 
-class _PlannerThread:
-    """The planner's thread and its two queues: batches to copy first, then batches to plan."""
+class _Planning:
+    """What the planner's worker works on: batches copied and not planned (its thread only), and
+    batches submitted and not known planned (dropped or failed together). Apart from
+    :class:`BatchPlanner`, so that the worker's thread does not keep the planner alive."""
 
     def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._copies: Deque[PlanJob] = deque()
-        self._plans: Deque[PlanJob] = deque()
-        self._stopped = False
-        self.thread = threading.Thread(target=self._loop, name="frugal-planner", daemon=True)
-        self.thread.start()
+        self.copied: Deque[PlanJob] = deque()
+        self.open: Deque[PlanJob] = deque()
+        self.lock = threading.Lock()
 
-    def put(self, job: PlanJob) -> None:
-        with self._cv:
-            if self._stopped:
-                raise FrugalError("the batch planner is closed")
-            self._copies.append(job)
-            self._cv.notify()
+    def add(self, job: PlanJob) -> None:
+        with self.lock:
+            while self.open and self.open[0].plans.done():
+                self.open.popleft()
+            self.open.append(job)
 
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not (self._copies or self._plans or self._stopped):
-                    self._cv.wait()
-                if self._stopped:
-                    return
-                copy = bool(self._copies)
-                job = self._copies.popleft() if copy else self._plans.popleft()
-            if not copy:
-                job.plan()
-            else:
-                job.copy()  # a failed copy is planned too: its failure is agreed on with the peers
-                with self._cv:
-                    self._plans.append(job)
+    def copy(self, job: PlanJob) -> None:
+        """The worker's job for a batch: copy it, to be planned once no copy waits."""
+        job.copy()  # a failed copy is planned too: its failure is agreed on with the peers
+        self.copied.append(job)
 
-    def stop(self, wait: bool) -> None:
-        """Drop the batches not copied or planned yet (their plans are cancelled)."""
-        with self._cv:
-            self._stopped = True
-            for job in list(self._copies) + list(self._plans):
-                job.plans.cancel()
-                job.copied.set()
-            self._copies.clear()
-            self._plans.clear()
-            self._cv.notify_all()
-        if wait and self.thread is not threading.current_thread():
-            self.thread.join()
+    def plan_next(self) -> bool:
+        """The worker's idle task: plan the oldest copied batch (False: none waits)."""
+        if not self.copied:
+            return False
+        self.copied.popleft().plan()
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        """The planner itself failed (not a batch: an agreement with the peers): every batch not
+        planned fails with it, where the training thread asks for its plan."""
+        for job in self._take_open():
+            if not job.plans.done():
+                try:
+                    job.plans.set_exception(error)
+                except InvalidStateError:  # planned meanwhile
+                    pass
+            job.copied.set()
+
+    def drop(self) -> None:
+        """The batches not planned are dropped (their plans cancelled)."""
+        for job in self._take_open():
+            job.plans.cancel()
+            job.copied.set()
+
+    def _take_open(self) -> List[PlanJob]:
+        with self.lock:
+            jobs = list(self.open)
+            self.open.clear()
+        return jobs
+
+
+def _stop(worker: Worker, planning: _Planning, timeout_s: Optional[float]) -> None:
+    """Stop the worker once the job it runs is done (at most ``timeout_s``); drop the rest."""
+    worker.stop(timeout_s)
+    planning.drop()
 
 
 class BatchPlanner:
-    """Copies and plans batches in the order they are submitted, on a thread of its own."""
+    """Copies and plans batches in the order they are submitted, on a worker of its own.
+
+    Copies are the worker's jobs and plans its idle task, so a batch handed over is copied before
+    any plan still waiting is made: the loader is never held up by the planner's backlog."""
 
     def __init__(self) -> None:
-        self._thread = _PlannerThread()
-        self._finalizer = weakref.finalize(self, self._thread.stop, False)
+        self._planning = _Planning()
+        self._worker = Worker("frugal-planner", self._planning.fail, idle=self._planning.plan_next)
+        self._finalizer = weakref.finalize(self, _stop, self._worker, self._planning, 0.0)
 
     def submit(
         self,
@@ -184,9 +199,15 @@ class BatchPlanner:
         """Copy and plan batch ``index`` of the stream, ``features_of(m, batch)`` being what
         module ``m`` receives of it (copies page-locked if ``pin``), then ``agree`` on it."""
         job = PlanJob(batch, index, list(modules), features_of, pin, agree)
-        self._thread.put(job)
+        self._planning.add(job)
+        planning = self._planning
+        try:
+            self._worker.submit(lambda: planning.copy(job))
+        except FrugalError as e:
+            raise FrugalError("the batch planner is closed") from e
         return job
 
     def close(self) -> None:
-        """Stop the thread once the job it runs is done (those not done are dropped)."""
-        self._thread.stop(wait=True)
+        """Stop the worker once the job it runs is done (the batches not planned are dropped)."""
+        self._finalizer.detach()
+        _stop(self._worker, self._planning, None)

@@ -5,8 +5,8 @@ Does a change (a restructuring, say) keep the step's speed and its numbers? Each
 so each runs its own package), alternating which goes first; the ratio within a pair is what
 counts on a machine whose speed drifts. The losses must be equal bit for bit.
 
-    git worktree add /tmp/before <commit>
-    python benchmarks/paired_commits.py /tmp/before . --world 2 --batch-size 1024 --steps 60 --pairs 3
+    git worktree add ../before <commit>
+    python benchmarks/paired_commits.py ../before . --world 2 --batch-size 1024 --steps 60 --pairs 3
 """
 from __future__ import annotations
 

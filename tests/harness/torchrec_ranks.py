@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -458,7 +458,7 @@ def run_checkpoint(
     return result
 
 
-def assert_same_training(results: List[Dict[str, Any]], a: str, b: str) -> None:
+def assert_same_training(results: Sequence[Mapping[str, Any]], a: str, b: str) -> None:
     """Loss of every rank at every step, and every final table, within REL_TOL relative."""
     for rank, res in enumerate(results):
         la, lb = res[a]["losses"], res[b]["losses"]

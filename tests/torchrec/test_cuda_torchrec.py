@@ -14,7 +14,7 @@ scripts/device_check.sh runs this file on a GPU machine; without CUDA or TorchRe
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 pytest.importorskip("torchrec", reason="needs TorchRec (scripts/device_check.sh brings it)")
 
 import torchrec_ranks as trd  # noqa: E402
+from rank_pool import Scenarios, pooled  # noqa: E402
 from torchrec_frugal.host.launch import run_ranks  # noqa: E402
 
 STEPS = 200
@@ -55,22 +56,26 @@ def _scenarios(world: int) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def _run_all(rank: int, world: int) -> Dict[str, Any]:
+def _train(rank: int, world: int, kw: Dict[str, Any]) -> Dict[str, Any]:
     torch.cuda.set_device(0)
-    return {name: trd.run_training(world, **kw) for name, kw in _scenarios(world).items()}
+    return trd.run_training(world, **kw)
+
+
+def _pooled(world: int) -> Iterator[Scenarios]:
+    yield from pooled(world, {name: (_train, (kw,)) for name, kw in _scenarios(world).items()}, timeout=600)
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _run_all, timeout=600)
+def world2() -> Iterator[Scenarios]:
+    yield from _pooled(2)
 
 
 @pytest.fixture(scope="module")
-def world4() -> List[Dict[str, Any]]:
-    return run_ranks(4, _run_all, timeout=600)
+def world4() -> Iterator[Scenarios]:
+    yield from _pooled(4)
 
 
-def _on_gpu(results: List[Dict[str, Any]], name: str, path: str = "zero_copy") -> None:
+def _on_gpu(results: Scenarios, name: str, path: str = "zero_copy") -> None:
     """Every engine of every rank ran on DEVICE with host rows read by ``path``."""
     for res in results:
         engines = res[name]["engines"]
@@ -80,29 +85,29 @@ def _on_gpu(results: List[Dict[str, Any]], name: str, path: str = "zero_copy") -
 
 @pytest.mark.parametrize("opt", ["sgd", "adagrad"])
 @pytest.mark.parametrize("pipeline", [False, True])
-def test_frugal_on_cuda_matches_torchrec_on_cpu_2_ranks(world2: List[Dict[str, Any]], opt: str, pipeline: bool) -> None:
+def test_frugal_on_cuda_matches_torchrec_on_cpu_2_ranks(world2: Scenarios, opt: str, pipeline: bool) -> None:
     name = f"cuda_frugal_{opt}" + ("_pipeline" if pipeline else "")
     _on_gpu(world2, name)
     trd.assert_same_training(world2, name, f"cpu_tw_{opt}")
 
 
 @pytest.mark.parametrize("name, ref", [("cuda_frugal_sgd_pipeline", "cpu_tw_sgd"), ("cuda_frugal_adagrad", "cpu_tw_adagrad")])
-def test_frugal_on_cuda_matches_torchrec_on_cpu_4_ranks(world4: List[Dict[str, Any]], name: str, ref: str) -> None:
+def test_frugal_on_cuda_matches_torchrec_on_cpu_4_ranks(world4: Scenarios, name: str, ref: str) -> None:
     _on_gpu(world4, name)
     trd.assert_same_training(world4, name, ref)
 
 
-def test_pinned_host_path_on_cuda(world2: List[Dict[str, Any]]) -> None:
+def test_pinned_host_path_on_cuda(world2: Scenarios) -> None:
     _on_gpu(world2, "cuda_frugal_adagrad_pinned", path="pinned")
     trd.assert_same_training(world2, "cuda_frugal_adagrad_pinned", "cpu_tw_adagrad")
 
 
-def test_embedding_collection_on_cuda(world2: List[Dict[str, Any]]) -> None:
+def test_embedding_collection_on_cuda(world2: Scenarios) -> None:
     _on_gpu(world2, "cuda_ec_frugal_adagrad")
     trd.assert_same_training(world2, "cuda_ec_frugal_adagrad", "cpu_ec_tw_adagrad")
 
 
-def test_checkpoint_saved_and_resumed_on_cuda(world2: List[Dict[str, Any]]) -> None:
+def test_checkpoint_saved_and_resumed_on_cuda(world2: Scenarios) -> None:
     """Save at step k with torch.distributed.checkpoint, load into fresh processes, continue: the
     same losses and tables as the run that was never interrupted (CUDA may reorder float sums)."""
     k = STEPS // 2

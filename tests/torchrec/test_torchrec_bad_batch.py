@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import TABLE_ROWS, ZipfBatches, build, full_tables, release, table_shapes
 from torchrec_frugal.host.launch import run_ranks
 
@@ -83,18 +84,17 @@ def train(lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int], sharding: s
     return out
 
 
-def _rank_main(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    out: Dict[str, Any] = {}
-    for name, (lookahead, bad) in SCENARIOS.items():
-        out[name] = train(lookahead, bad, set())
-        out[(name, "reference")] = train(lookahead, set(), {s for s, _ in bad})
-    return out
+def _train(rank: int, world: int, lookahead: int, bad: Set[Tuple[int, int]], skip: Set[int]) -> Dict[str, Any]:
+    return train(lookahead, bad, skip)
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _rank_main)
+def world2() -> Iterator[Scenarios]:
+    jobs: Dict[Any, Any] = {}
+    for name, (lookahead, bad) in SCENARIOS.items():
+        jobs[name] = (_train, (lookahead, bad, set()))
+        jobs[(name, "reference")] = (_train, (lookahead, set(), {s for s, _ in bad}))
+    yield from pooled(2, jobs)
 
 
 ROW_WISE_BAD = {(5, 1)}
@@ -122,7 +122,7 @@ def test_a_refused_batch_is_dropped_on_every_node_with_frugal_row_wise_tables() 
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_a_refused_batch_is_dropped_on_every_rank_at_its_step(world2: List[Dict[str, Any]], name: str) -> None:
+def test_a_refused_batch_is_dropped_on_every_rank_at_its_step(world2: Scenarios, name: str) -> None:
     _, bad = SCENARIOS[name]
     steps = sorted({s for s, _ in bad})
     for rank, res in enumerate(world2):

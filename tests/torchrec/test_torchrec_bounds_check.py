@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import (
     REL_TOL,
     TABLE_ROWS,
@@ -285,14 +286,13 @@ RUNS: Dict[str, Tuple[str, Optional[str], str, Dict[Tuple[int, int], List[Tuple[
 }
 
 
-def _rank_main(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    return {name: run(*spec) for name, spec in RUNS.items()}
+def _run(rank: int, world: int, *spec: Any) -> Dict[str, Any]:
+    return run(*spec)
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _rank_main)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {name: (_run, spec) for name, spec in RUNS.items()})
 
 
 def expected_counts(rank: int) -> Dict[str, int]:
@@ -331,7 +331,7 @@ def assert_equal_training(a: Dict[str, Any], b: Dict[str, Any], rank: int) -> No
 
 
 @pytest.mark.parametrize("name", ["unset_thread", "warning_unplanned", "ignore_plain"])
-def test_a_bad_id_trains_as_row_0_equal_to_stock(world2: List[Dict[str, Any]], name: str) -> None:
+def test_a_bad_id_trains_as_row_0_equal_to_stock(world2: Scenarios, name: str) -> None:
     for rank, res in enumerate(world2):
         got, stock = res[name], res["stock"]
         assert not got["errors"] and not stock["errors"]
@@ -344,7 +344,7 @@ def test_a_bad_id_trains_as_row_0_equal_to_stock(world2: List[Dict[str, Any]], n
             assert_warned(got["warnings"], rank)
 
 
-def test_mean_bags_and_a_feature_two_tables_serve_equal_stock(world2: List[Dict[str, Any]]) -> None:
+def test_mean_bags_and_a_feature_two_tables_serve_equal_stock(world2: Scenarios) -> None:
     """f2's id 500 is in t1's range (800 rows) and out of t2's (300): row 0 of t2 alone."""
     expected = [{"t2": 1, "t1": 1}, {"t1": 2, "t0": 1}]  # with the eval forward's f1 id (t1)
     for rank, res in enumerate(world2):
@@ -355,7 +355,7 @@ def test_mean_bags_and_a_feature_two_tables_serve_equal_stock(world2: List[Dict[
 
 
 @pytest.mark.parametrize("name", ["pruned", "none_mode"])
-def test_minus_1_and_none_drop_the_batch_on_every_rank(world2: List[Dict[str, Any]], name: str) -> None:
+def test_minus_1_and_none_drop_the_batch_on_every_rank(world2: Scenarios, name: str) -> None:
     """Stock trains no batch holding -1 (WARNING) or an id out of range (NONE: its CPU kernel
     raises): frugal drops it on every rank at its step, and trains on as if it was never read."""
     for rank, res in enumerate(world2):

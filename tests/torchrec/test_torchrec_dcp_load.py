@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import itertools
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import CPU, REL_TOL, TABLE_ROWS, ZipfBatches, build, release, table_shapes, train
-from torchrec_frugal.host.launch import run_ranks
 
 ROWS = TABLE_ROWS[:4]
 K = 8  # steps before the save, then again before the load (the steps replayed)
@@ -110,26 +110,24 @@ RUNS_NODES = {
 }
 
 
-def _all(rank: int, world: int, runs: Dict[str, Any]) -> Dict[str, Any]:
-    out = {}
-    for name, args in runs.items():
-        with tempfile.TemporaryDirectory() as d:
-            # every rank saves into rank 0's directory (one machine)
-            objs: List[Any] = [d]
-            dist.broadcast_object_list(objs, src=0)
-            out[name] = _replay(rank, world, *args, objs[0])
-            dist.barrier()
+def _run(rank: int, world: int, sharding: str, opt: str, pipeline: bool) -> Dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        # every rank saves into rank 0's directory (one machine)
+        objs: List[Any] = [d]
+        dist.broadcast_object_list(objs, src=0)
+        out = _replay(rank, world, sharding, opt, pipeline, objs[0])
+        dist.barrier()
     return out
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _all, RUNS_2)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {name: (_run, args) for name, args in RUNS_2.items()})
 
 
 @pytest.fixture(scope="module")
-def nodes2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _all, RUNS_NODES, nodes=2)
+def nodes2() -> Iterator[Scenarios]:
+    yield from pooled(2, {name: (_run, args) for name, args in RUNS_NODES.items()}, nodes=2)
 
 
 def _max_rel(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
@@ -137,7 +135,7 @@ def _max_rel(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
     return {k: float(np.abs(a[k] - b[k]).max() / np.abs(b[k]).max()) for k in b}
 
 
-def _check(results: List[Dict[str, Any]], frugal: str, stock: str) -> None:
+def _check(results: Sequence[Mapping[str, Any]], frugal: str, stock: str) -> None:
     for rank, r in enumerate(results):
         f, s = r[frugal], r[stock]
         assert len(f["replay"]) == K
@@ -162,9 +160,9 @@ def _check(results: List[Dict[str, Any]], frugal: str, stock: str) -> None:
 
 
 @pytest.mark.parametrize("run", ["sgd", "adagrad", "adagrad_pipeline"])
-def test_dcp_load_in_place_trains_on_as_stock(world2: List[Dict[str, Any]], run: str) -> None:
+def test_dcp_load_in_place_trains_on_as_stock(world2: Scenarios, run: str) -> None:
     _check(world2, f"frugal_{run}", f"row_wise_{run}")
 
 
-def test_dcp_load_in_place_frugal_row_wise_across_nodes(nodes2: List[Dict[str, Any]]) -> None:
+def test_dcp_load_in_place_frugal_row_wise_across_nodes(nodes2: Scenarios) -> None:
     _check(nodes2, "frugal_row_wise_adagrad", "row_wise_adagrad")

@@ -8,15 +8,15 @@ train on). Same losses, eval losses and tables as stock, to float tolerance.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import TABLE_ROWS, ZipfBatches, build, full_tables, initial_table, release, table_shapes
-from torchrec_frugal.host.launch import run_ranks
 
 LOOPS = ("epochs", "midway", "midway_no_attach")
 
@@ -68,18 +68,19 @@ def train(sharding: str, loop: str) -> Dict[str, Any]:
     return out
 
 
-def _rank_main(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    return {(loop, sharding): train(sharding, loop) for loop in LOOPS for sharding in ("frugal", "table_wise")}
+def _train(rank: int, world: int, sharding: str, loop: str) -> Dict[str, Any]:
+    return train(sharding, loop)
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _rank_main)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {
+        (loop, sharding): (_train, (sharding, loop)) for loop in LOOPS for sharding in ("frugal", "table_wise")
+    })
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_detach_eval_attach_trains_as_stock(world2: List[Dict[str, Any]], loop: str) -> None:
+def test_detach_eval_attach_trains_as_stock(world2: Scenarios, loop: str) -> None:
     for rank, res in enumerate(world2):
         frugal, stock = res[(loop, "frugal")], res[(loop, "table_wise")]
         assert frugal["losses"].shape == stock["losses"].shape == ((24,) if loop == "epochs" else (16,))

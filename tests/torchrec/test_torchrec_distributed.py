@@ -9,7 +9,7 @@ EmbeddingCollection model, FrugalTrainPipeline against TrainPipelineSparseDist, 
 TorchRec's default planner given the frugal sharder, bad inputs, learning-rate changes, and a
 checkpoint saved at step k and loaded into fresh processes, which must continue bit-for-bit.
 
-Each world size spawns its ranks once and runs every scenario in them (module-scoped fixtures).
+Each world size spawns its ranks once (a module-scoped pool); each test runs the scenarios it reads.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rank_pool import Scenarios, pooled
 from torchrec_frugal.host.launch import run_ranks
 from torchrec_ranks import (  # noqa: F401
     BATCH,
@@ -211,37 +212,42 @@ SCENARIOS_4: Dict[str, Dict[str, Any]] = {
 }
 
 
-def _all_scenarios(rank: int, world: int, scenarios: Dict[str, Dict[str, Any]], checks: bool) -> Dict[str, Any]:
-    out = {name: run_training(world, **kw) for name, kw in scenarios.items()}
-    if checks:
-        out["checks"] = run_checks(world)
-    return out
+def _training(rank: int, world: int, kw: Dict[str, Any]) -> Dict[str, Any]:
+    return run_training(world, **kw)
+
+
+def _checks(rank: int, world: int) -> Dict[str, Any]:
+    return run_checks(world)
+
+
+def _jobs(scenarios: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    return {name: (_training, (kw,)) for name, kw in scenarios.items()}
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _all_scenarios, SCENARIOS_2, True)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {**_jobs(SCENARIOS_2), "checks": (_checks, ())})
 
 
 @pytest.fixture(scope="module")
-def world4() -> List[Dict[str, Any]]:
-    return run_ranks(4, _all_scenarios, SCENARIOS_4, False)
+def world4() -> Iterator[Scenarios]:
+    yield from pooled(4, _jobs(SCENARIOS_4))
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adagrad"])
 @pytest.mark.parametrize("stock", ["tw", "rw"])
-def test_dlrm_frugal_matches_stock_2_ranks(world2: List[Dict[str, Any]], opt: str, stock: str) -> None:
+def test_dlrm_frugal_matches_stock_2_ranks(world2: Scenarios, opt: str, stock: str) -> None:
     assert set(world2[0][f"frugal_{opt}"]["types"].values()) == {"frugal"}
     assert_same_training(world2, f"frugal_{opt}", f"{stock}_{opt}")
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adagrad"])
 @pytest.mark.parametrize("stock", ["tw", "rw"])
-def test_dlrm_frugal_matches_stock_4_ranks(world4: List[Dict[str, Any]], opt: str, stock: str) -> None:
+def test_dlrm_frugal_matches_stock_4_ranks(world4: Scenarios, opt: str, stock: str) -> None:
     assert_same_training(world4, f"frugal_{opt}", f"{stock}_{opt}")
 
 
-def test_planned_steps_train_bit_for_bit_as_inline_ones_on_4_ranks(world4: List[Dict[str, Any]]) -> None:
+def test_planned_steps_train_bit_for_bit_as_inline_ones_on_4_ranks(world4: Scenarios) -> None:
     """Batches planned on the planner thread and updates on the exchange worker, against each
     forward computing its rows and the update inside backward: the same losses and tables, bit for bit."""
     for res in world4:
@@ -250,41 +256,41 @@ def test_planned_steps_train_bit_for_bit_as_inline_ones_on_4_ranks(world4: List[
         assert np.array_equal(x, y)
 
 
-def test_frugal_train_pipeline_matches_plain_loop(world2: List[Dict[str, Any]]) -> None:
+def test_frugal_train_pipeline_matches_plain_loop(world2: Scenarios) -> None:
     assert_same_training(world2, "frugal_adagrad_pipeline", "tw_adagrad")
     assert_same_training(world2, "frugal_adagrad_pipeline", "frugal_adagrad")
 
 
-def test_mixed_frugal_and_table_wise_plan(world2: List[Dict[str, Any]]) -> None:
+def test_mixed_frugal_and_table_wise_plan(world2: Scenarios) -> None:
     types = world2[0]["mixed_adagrad"]["types"]
     n = len(TABLE_ROWS)
     assert [types[f"t{t}"] for t in range(n)] == ["frugal"] * (n // 2) + ["table_wise"] * (n - n // 2)
     assert_same_training(world2, "mixed_adagrad", "tw_adagrad")
 
 
-def test_default_planner_with_frugal_sharder(world2: List[Dict[str, Any]]) -> None:
+def test_default_planner_with_frugal_sharder(world2: Scenarios) -> None:
     """DistributedModelParallel(plan=None) plans with TorchRec's planner; the shims plan every table of
     the frugal sharder frugal."""
     assert set(world2[0]["default_planner_adagrad"]["types"].values()) == {"frugal"}
     assert_same_training(world2, "default_planner_adagrad", "tw_adagrad")
 
 
-def test_embedding_collection_frugal_matches_table_wise(world2: List[Dict[str, Any]]) -> None:
+def test_embedding_collection_frugal_matches_table_wise(world2: Scenarios) -> None:
     assert_same_training(world2, "ec_frugal_adagrad", "ec_tw_adagrad")
 
 
-def test_engine_groups_pooling_modes_weights_and_shared_features(world2: List[Dict[str, Any]]) -> None:
+def test_engine_groups_pooling_modes_weights_and_shared_features(world2: Scenarios) -> None:
     """Two dims (two engines), MEAN pooling, weighted ids, a table with two features, a shared feature."""
     assert_same_training(world2, "variants_frugal", "variants_tw")
     assert_same_training(world2, "weighted_variants_frugal", "weighted_variants_tw")
     assert_same_training(world2, "ec_frugal_two_groups", "ec_tw_100")
 
 
-def test_random_rec_dataset_with_pipelines(world2: List[Dict[str, Any]]) -> None:
+def test_random_rec_dataset_with_pipelines(world2: Scenarios) -> None:
     assert_same_training(world2, "random_frugal_pipeline", "random_tw_pipeline")
 
 
-def test_bad_inputs_are_refused_and_change_nothing(world2: List[Dict[str, Any]]) -> None:
+def test_bad_inputs_are_refused_and_change_nothing(world2: Scenarios) -> None:
     for seen in (r["checks"] for r in world2):
         assert seen["out_of_range"] is not None and "'f3'" in seen["out_of_range"] and "'t3'" in seen["out_of_range"]
         assert f"id {TABLE_ROWS[3]}" in seen["out_of_range"]
@@ -296,7 +302,7 @@ def test_bad_inputs_are_refused_and_change_nothing(world2: List[Dict[str, Any]])
         assert seen["unchanged"] and seen["trains_after"]
 
 
-def test_checkpoint_save_is_views_and_load_writes_own_blocks(world2: List[Dict[str, Any]]) -> None:
+def test_checkpoint_save_is_views_and_load_writes_own_blocks(world2: Scenarios) -> None:
     """Saving copies no table; loading writes exactly this rank's row block of every table (no
     all-gather of whole tables), and a whole tensor loaded on every rank lands whole."""
     for r, out in enumerate(world2):
@@ -306,7 +312,7 @@ def test_checkpoint_save_is_views_and_load_writes_own_blocks(world2: List[Dict[s
         assert c["loaded_whole_table"], r
 
 
-def test_learning_rate_through_param_groups(world2: List[Dict[str, Any]]) -> None:
+def test_learning_rate_through_param_groups(world2: Scenarios) -> None:
     for seen in (r["checks"] for r in world2):
         assert seen["lr0_weights_unchanged"] and seen["lr0_momentum_changed"] and seen["lr_restored_trains"]
         assert seen["dense_optimizer_tables"] == []
@@ -315,7 +321,7 @@ def test_learning_rate_through_param_groups(world2: List[Dict[str, Any]]) -> Non
         ]
 
 
-def test_pipeline_reads_and_announces_lookahead_batches(world2: List[Dict[str, Any]]) -> None:
+def test_pipeline_reads_and_announces_lookahead_batches(world2: Scenarios) -> None:
     for seen in (r["checks"] for r in world2):
         assert seen["pipeline_read"] == LOOKAHEAD + 2
         # once per batch planned (the last one read may not be yet), not again for the step that trained batch 0
@@ -323,7 +329,7 @@ def test_pipeline_reads_and_announces_lookahead_batches(world2: List[Dict[str, A
         assert seen["pipeline_capacity"] == 1
 
 
-def test_checkpoint_resumes_bit_for_bit(world2: List[Dict[str, Any]]) -> None:
+def test_checkpoint_resumes_bit_for_bit(world2: Scenarios) -> None:
     """Save at step k with torch.distributed.checkpoint, load into fresh processes, continue."""
     k = STEPS // 2
     with tempfile.TemporaryDirectory() as directory:

@@ -4,7 +4,7 @@ frugal sharder planned by DistributedModelParallel, are planned "frugal" and tra
 own sharder does with table_wise tables (2 gloo ranks, row-wise Adagrad)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
 import numpy as np
 import pytest
@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import full_tables, initial_table, release
-from torchrec_frugal.host.launch import run_ranks
 
 ROWS = [400, 700]
 DIM = 8
@@ -116,18 +116,17 @@ def train(sharding: str) -> Dict[str, Any]:
     return out
 
 
-def _rank_main(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    return {s: train(s) for s in ("frugal", "wrapped", "table_wise")}
+def _train(rank: int, world: int, sharding: str) -> Dict[str, Any]:
+    return train(sharding)
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _rank_main)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {s: (_train, (s,)) for s in ("frugal", "wrapped", "table_wise")})
 
 
 @pytest.mark.parametrize("how", ["frugal", "wrapped"])
-def test_planned_frugal_and_trained_as_stock(world2: List[Dict[str, Any]], how: str) -> None:
+def test_planned_frugal_and_trained_as_stock(world2: Scenarios, how: str) -> None:
     """``frugal``: our sharder, FrugalShardingPlanner; ``wrapped``: TorchRec's sharder wrapping ours,
     DistributedModelParallel(plan=None)."""
     for res in world2:

@@ -16,14 +16,14 @@ outputs, final tables):
 - refusals: at shard time (DistributedModelParallel) and plan time, for the sharder's keys, an
   in-backward optimizer's, and the plan's per-table output_dtype.
 
-The ranks are spawned once per layout (module-scoped fixtures: one node, two nodes) and run every
-scenario; each key's status and the planner's refusals are checked in this process.
+The ranks are spawned once per layout (a module-scoped pool each: one node, two nodes); each test
+runs the scenarios it reads. Each key's status and the planner's refusals are checked in this process.
 """
 from __future__ import annotations
 
 import os
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import (
     BATCH,
     DENSE_IN,
@@ -44,7 +45,6 @@ from torchrec_ranks import (
     release,
     table_shapes,
 )
-from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 12
 LR = 0.05
@@ -295,9 +295,9 @@ def refusal(fn: Callable[[], Any]) -> Optional[Tuple[str, str]]:
     return None
 
 
-def run_refusals() -> Dict[str, Optional[Tuple[str, str]]]:
+def refusal_cases() -> Dict[str, Callable[[], Any]]:
     """What DistributedModelParallel (shard time) and FrugalShardingPlanner.collective_plan (plan
-    time) say to fused_params frugal tables do not honour."""
+    time) are given that frugal tables do not honour, by case: each builds, to be refused."""
     from fbgemm_gpu.split_embedding_configs import SparseType
     from torchrec.modules.embedding_configs import DataType
 
@@ -316,7 +316,7 @@ def run_refusals() -> Dict[str, Optional[Tuple[str, str]]]:
             "planner_only_frugal", fused("adagrad", weight_decay_mode=2), "weighted_variants"
         ),
     }
-    return {name: refusal(fn) for name, fn in cases.items()}
+    return cases
 
 
 def _scenarios() -> Dict[str, Tuple[str, Dict[str, Any], str, Optional[torch.dtype]]]:
@@ -343,38 +343,46 @@ def _scenarios() -> Dict[str, Tuple[str, Dict[str, Any], str, Optional[torch.dty
     }
 
 
-def _all(rank: int, world: int) -> Dict[str, Any]:
-    out: Dict[str, Any] = {name: run_training(*args) for name, args in _scenarios().items()}
-    out["refusals"] = run_refusals()
-    for sharding in ("frugal", "table_wise"):  # a KJT with a feature no table serves
-        out[f"unused_feature_{sharding}"] = run_training(sharding, fused("adagrad"), "variants", unused_feature=True)
-    return out
+def _training(rank: int, world: int, *args: Any) -> Dict[str, Any]:
+    return run_training(*args)
 
 
-def _row_wise(rank: int, world: int) -> Dict[str, Any]:
+def _refusal(rank: int, world: int, case: str) -> Optional[Tuple[str, str]]:
+    return refusal(refusal_cases()[case])
+
+
+def _unused_feature(rank: int, world: int, sharding: str) -> Dict[str, Any]:
+    """A KJT with a feature no table serves."""
+    return run_training(sharding, fused("adagrad"), "variants", unused_feature=True)
+
+
+def _row_wise(rank: int, world: int, sharding: str) -> Dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import SparseType
 
-    params = clipped("adagrad", output_dtype=SparseType.FP16)
-    return {name: run_training(name, params, "weighted_variants") for name in ("frugal_row_wise", "row_wise")}
+    return run_training(sharding, clipped("adagrad", output_dtype=SparseType.FP16), "weighted_variants")
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _all)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {
+        **{name: (_training, args) for name, args in _scenarios().items()},
+        **{f"refusal_{case}": (_refusal, (case,)) for case, _, _ in REFUSALS},
+        **{f"unused_feature_{sharding}": (_unused_feature, (sharding,)) for sharding in ("frugal", "table_wise")},
+    })
 
 
 @pytest.fixture(scope="module")
-def nodes2() -> List[Dict[str, Any]]:
+def nodes2() -> Iterator[Scenarios]:
     """2 ranks as 2 nodes of one rank: frugal_row_wise's output dist divides the gradient by the
     nodes, its engine by the node's ranks."""
-    return run_ranks(2, _row_wise, nodes=2)
+    yield from pooled(2, {name: (_row_wise, (name,)) for name in ("frugal_row_wise", "row_wise")}, nodes=2)
 
 
 # ---------------------------------------------------------------------------------------------
 # Assertions.
 
 
-def differences(results: List[Dict[str, Any]], a: str, b: str) -> Tuple[float, float]:
+def differences(results: Sequence[Mapping[str, Any]], a: str, b: str) -> Tuple[float, float]:
     """Largest relative difference of the losses (every rank, every step), and largest difference
     of the final tables relative to the largest change run ``b`` made to each table."""
     loss = max(float((np.abs(r[a]["losses"] - r[b]["losses"]) / np.abs(r[b]["losses"])).max()) for r in results)
@@ -385,7 +393,7 @@ def differences(results: List[Dict[str, Any]], a: str, b: str) -> Tuple[float, f
     return loss, update
 
 
-def assert_same_training(results: List[Dict[str, Any]], a: str, b: str, tol: float = REL_TOL) -> None:
+def assert_same_training(results: Sequence[Mapping[str, Any]], a: str, b: str, tol: float = REL_TOL) -> None:
     loss, update = differences(results, a, b)
     assert loss <= tol and update <= tol, f"{a} vs {b}: losses {loss:.3g}, tables {update:.3g} of the updates, relative"
 
@@ -398,7 +406,7 @@ def assert_same_training(results: List[Dict[str, Any]], a: str, b: str, tol: flo
         ("clip_adagrad_weighted_frugal", "clip_adagrad_weighted_rw", "adagrad_weighted_rw"),
     ],
 )
-def test_gradient_clipping_matches_stock(world2: List[Dict[str, Any]], frugal: str, stock: str, unclipped: str) -> None:
+def test_gradient_clipping_matches_stock(world2: Scenarios, frugal: str, stock: str, unclipped: str) -> None:
     """FBGEMM clamps its output's gradient per element (a bag's, before weights and MEAN's 1/L);
     the frugal sharding trains the same, and the clamp bites: without it stock trains otherwise."""
     assert_same_training(world2, frugal, stock)
@@ -406,19 +414,19 @@ def test_gradient_clipping_matches_stock(world2: List[Dict[str, Any]], frugal: s
     assert update > 0.1, f"max_gradient={MAX_GRADIENT} does not bite ({unclipped} vs {stock}: {update:.3g})"
 
 
-def test_a_feature_no_table_serves_is_ignored_as_stock_ignores_it(world2: List[Dict[str, Any]]) -> None:
+def test_a_feature_no_table_serves_is_ignored_as_stock_ignores_it(world2: Scenarios) -> None:
     assert_same_training(world2, "unused_feature_frugal", "unused_feature_table_wise")
     assert_same_training(world2, "unused_feature_frugal", "adagrad_tw")  # as if the feature were not there
 
 
-def test_fp16_output_matches_stock(world2: List[Dict[str, Any]]) -> None:
+def test_fp16_output_matches_stock(world2: Scenarios) -> None:
     for r in world2:
         assert r["fp16_frugal"]["dtype"] == r["fp16_tw"]["dtype"] == "torch.float16"
         np.testing.assert_allclose(r["fp16_frugal"]["first"], r["fp16_tw"]["first"], rtol=1e-3, atol=1e-6)
     assert_same_training(world2, "fp16_frugal", "fp16_tw", HALF_REL_TOL)
 
 
-def test_bf16_output_is_the_fp32_output_rounded(world2: List[Dict[str, Any]]) -> None:
+def test_bf16_output_is_the_fp32_output_rounded(world2: Scenarios) -> None:
     """FBGEMM's CPU kernels have no BF16 output; its CUDA kernel rounds the pooled sums, as the
     reference model does to stock FP32 output here."""
     for r in world2:
@@ -427,21 +435,21 @@ def test_bf16_output_is_the_fp32_output_rounded(world2: List[Dict[str, Any]]) ->
     assert_same_training(world2, "bf16_frugal", "bf16_cast_tw", HALF_REL_TOL)
 
 
-def test_embedding_collection_fp16_output_and_clipping_match_stock(world2: List[Dict[str, Any]]) -> None:
+def test_embedding_collection_fp16_output_and_clipping_match_stock(world2: Scenarios) -> None:
     for r in world2:
         assert r["ec_fp16_frugal"]["dtype"] == r["ec_fp16_tw"]["dtype"] == "torch.float16"
         np.testing.assert_allclose(r["ec_fp16_frugal"]["first"], r["ec_fp16_tw"]["first"], rtol=1e-3, atol=1e-6)
     assert_same_training(world2, "ec_fp16_frugal", "ec_fp16_tw", HALF_REL_TOL)
 
 
-def test_frugal_row_wise_fp16_output_and_clipping_match_row_wise(nodes2: List[Dict[str, Any]]) -> None:
+def test_frugal_row_wise_fp16_output_and_clipping_match_row_wise(nodes2: Scenarios) -> None:
     for r in nodes2:
         assert r["frugal_row_wise"]["dtype"] == r["row_wise"]["dtype"] == "torch.float16"
         np.testing.assert_allclose(r["frugal_row_wise"]["first"], r["row_wise"]["first"], rtol=1e-3, atol=1e-6)
     assert_same_training(nodes2, "frugal_row_wise", "row_wise", HALF_REL_TOL)
 
 
-REFUSALS = [  # (case of run_refusals, where it must be refused, what the message must name)
+REFUSALS = [  # (case of refusal_cases, where it must be refused, what the message must name)
     ("shard_max_norm", "shard", ["'max_norm'", "1.0", "table 't0'"]),
     ("shard_int8_output", "shard", ["'output_dtype'", "INT8", "table 't0'"]),
     ("shard_mixed_output", "shard", ["table 't2'", "output_dtype", "table 't0'"]),
@@ -454,11 +462,11 @@ REFUSALS = [  # (case of run_refusals, where it must be refused, what the messag
 
 @pytest.mark.parametrize("case, stage, words", REFUSALS, ids=[case for case, _, _ in REFUSALS])
 def test_unhonoured_fused_params_are_refused_by_name(
-    world2: List[Dict[str, Any]], case: str, stage: str, words: List[str]
+    world2: Scenarios, case: str, stage: str, words: List[str]
 ) -> None:
     """Refused on every rank, when DistributedModelParallel shards or the planner plans."""
     for r in world2:
-        seen = r["refusals"][case]
+        seen = r[f"refusal_{case}"]
         assert seen is not None, case
         message, where = seen
         assert where == stage and all(w in message for w in words), (where, message)

@@ -23,7 +23,7 @@ by far more than the tolerance.
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import BATCH, DENSE_IN, DIM, ZipfBatches, initial_table, release
 from torchrec_ranks import train as plain_loop
-from torchrec_frugal.host.launch import run_ranks
 
 ROWS = [300, 500, 800, 1200]
 STEPS = 10
@@ -286,25 +286,28 @@ RUNS = {
 }
 
 
-def _all(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    out = {name: run(*args) for name, args in RUNS.items()}
+def _run(rank: int, world: int, *args: Any) -> Dict[str, Any]:
+    return run(*args)
+
+
+def _in_a_directory(rank: int, world: int, fn: Callable[[str], Dict[str, Any]]) -> Dict[str, Any]:
+    """``fn(directory)`` with one fresh directory for every rank (one machine: every rank saves
+    into rank 0's)."""
     with tempfile.TemporaryDirectory() as d:
         objs: List[Any] = [d]
-        dist.broadcast_object_list(objs, src=0)  # one machine: every rank saves into rank 0's directory
-        out["checkpoint"] = checkpoint_to_stock(objs[0])
-        dist.barrier()
-    with tempfile.TemporaryDirectory() as d:
-        objs = [d]
         dist.broadcast_object_list(objs, src=0)
-        out["adam_load"] = adam_load_in_place(objs[0])
+        out = fn(objs[0])
         dist.barrier()
     return out
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _all)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {
+        **{name: (_run, args) for name, args in RUNS.items()},
+        "checkpoint": (_in_a_directory, (checkpoint_to_stock,)),
+        "adam_load": (_in_a_directory, (adam_load_in_place,)),
+    })
 
 
 def max_rel(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
@@ -312,7 +315,7 @@ def max_rel(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, float]:
     return {k: float(np.abs(a[k] - b[k]).max() / np.abs(b[k]).max()) for k in b}
 
 
-def assert_same(results: List[Dict[str, Any]], a: str, b: str) -> None:
+def assert_same(results: Sequence[Mapping[str, Any]], a: str, b: str) -> None:
     for rank, r in enumerate(results):
         np.testing.assert_allclose(r[a]["losses"], r[b]["losses"], rtol=REL_TOL, err_msg=f"rank {rank}: losses")
         np.testing.assert_allclose(r[a]["eval"], r[b]["eval"], rtol=REL_TOL, err_msg=f"rank {rank}: eval loss")
@@ -320,13 +323,13 @@ def assert_same(results: List[Dict[str, Any]], a: str, b: str) -> None:
     assert max(diff.values()) <= REL_TOL, f"{a} vs {b}: {diff}"
 
 
-def assert_differs(results: List[Dict[str, Any]], a: str, b: str) -> None:
+def assert_differs(results: Sequence[Mapping[str, Any]], a: str, b: str) -> None:
     diff = max_rel(results[0][a]["state"], results[0][b]["state"])
     assert max(diff.values()) > 100 * REL_TOL, f"{a} vs {b} should differ: {diff}"
 
 
 @pytest.mark.parametrize("opt", ["adagrad", "adam"])
-def test_frugal_matches_stock(world2: List[Dict[str, Any]], opt: str) -> None:
+def test_frugal_matches_stock(world2: Scenarios, opt: str) -> None:
     r = world2[0]
     assert set(r[f"{opt}_frugal"]["types"].values()) == {"frugal"}  # the planner plans them frugal
     assert_same(world2, f"{opt}_frugal", f"{opt}_stock")
@@ -338,17 +341,17 @@ def test_frugal_matches_stock(world2: List[Dict[str, Any]], opt: str) -> None:
     assert min(np.count_nonzero(v) for k, v in r[f"{opt}_frugal"]["state"].items() if "." in k) > 100
 
 
-def test_adam_counts_eval_forwards_as_fbgemm(world2: List[Dict[str, Any]]) -> None:
+def test_adam_counts_eval_forwards_as_fbgemm(world2: Scenarios) -> None:
     assert_differs(world2, "adam_stock", "adam_stock_eval_uncounted")
 
 
-def test_adam_weight_decay_and_betas(world2: List[Dict[str, Any]]) -> None:
+def test_adam_weight_decay_and_betas(world2: Scenarios) -> None:
     assert_same(world2, "adam_wd_frugal_pipeline", "adam_wd_stock")
     assert_differs(world2, "adam_wd_stock", "adam_betas_stock")  # the weight decay bites
     assert_differs(world2, "adam_betas_stock", "adam_stock")  # so do the betas and eps
 
 
-def test_adagrad_checkpoint_loads_into_stock(world2: List[Dict[str, Any]]) -> None:
+def test_adagrad_checkpoint_loads_into_stock(world2: Scenarios) -> None:
     c = world2[0]["checkpoint"]
     assert max(max_rel(c["table_wise_state"], c["frugal_state"]).values()) == 0.0
     for rank, r in enumerate(world2):
@@ -358,7 +361,7 @@ def test_adagrad_checkpoint_loads_into_stock(world2: List[Dict[str, Any]]) -> No
     assert max(diff.values()) <= REL_TOL, diff
 
 
-def test_adam_checkpoint_loads_in_place(world2: List[Dict[str, Any]]) -> None:
+def test_adam_checkpoint_loads_in_place(world2: Scenarios) -> None:
     """dcp.load into the live state_dicts restores Adam's two moments (copies, written back) and the
     tables; with set_optimizer_step the replay repeats the steps it replays."""
     a = world2[0]["adam_load"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import torchrec_ranks as base
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import (
     TABLE_ROWS,
     VariantBatches,
@@ -35,7 +36,6 @@ from torchrec_ranks import (
     release,
     table_shapes,
 )
-from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 40
 # "thread": FrugalTrainPipeline (its planner thread); "none": TrainPipelineSparseDist (no plans).
@@ -306,33 +306,49 @@ def bad_id_is_named() -> Optional[Tuple[int, str]]:
     return found
 
 
-def _rank_main(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
+def _train(
+    rank: int, world: int, planner: str, kind: str, lookahead: int, rows: List[int], options: Dict[str, Any]
+) -> Dict[str, Any]:
     base.VariantsModel = TracedVariantsModel  # type: ignore[misc]  # what build() makes of "variants"
-    out: Dict[str, Any] = {}
-    for name, (kind, lookahead, rows) in SETUPS.items():
-        for planner in PLANNERS:
-            out[(name, planner)] = train_with(planner, kind, lookahead, rows)
-    out[("dlrm_L6", "lagging_thread")] = train_with("thread", "dlrm", 6, TABLE_ROWS, plan_delay_s=0.02)
-    out[("dlrm_L6", "lagging_exchange")] = train_with("thread", "dlrm", 6, TABLE_ROWS, update_delay_s=0.02)
-    for name in ("dlrm_L6", "dlrm_L0"):
-        kind, lookahead, rows = SETUPS[name]
-        out[(name, "refilling_loader")] = train_with("thread", kind, lookahead, rows, refill=True)
-    out[("dlrm_L6", "unused_feature")] = train_with("thread", "dlrm", 6, TABLE_ROWS, unused_feature=True)
-    out["steady_dlrm"] = steady_state("dlrm", 1)
-    out["steady_dlrm_x8"] = steady_state("dlrm", 8)
-    out["steady_mean"] = steady_state("variants", 1)
-    out["steady_stock"] = stock_steady_state_ops()
-    out["bad_id"] = bad_id_is_named()
-    return out
+    return train_with(planner, kind, lookahead, rows, **options)
+
+
+def _trained(setup: str, planner: str, **options: Any) -> Tuple[Any, tuple]:
+    """The job training SETUPS[setup] with ``planner`` (and train_with's ``options``)."""
+    kind, lookahead, rows = SETUPS[setup]
+    return _train, (planner, kind, lookahead, rows, options)
+
+
+def _steady_state(rank: int, world: int, kind: str, batch_scale: int) -> Dict[str, Any]:
+    base.VariantsModel = TracedVariantsModel  # type: ignore[misc]
+    return steady_state(kind, batch_scale)
+
+
+def _stock_steady_state_ops(rank: int, world: int) -> Dict[str, int]:
+    return stock_steady_state_ops()
+
+
+def _bad_id_is_named(rank: int, world: int) -> Optional[Tuple[int, str]]:
+    return bad_id_is_named()
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _rank_main)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {
+        **{(name, planner): _trained(name, planner) for name in SETUPS for planner in PLANNERS},
+        ("dlrm_L6", "lagging_thread"): _trained("dlrm_L6", "thread", plan_delay_s=0.02),
+        ("dlrm_L6", "lagging_exchange"): _trained("dlrm_L6", "thread", update_delay_s=0.02),
+        **{(name, "refilling_loader"): _trained(name, "thread", refill=True) for name in ("dlrm_L6", "dlrm_L0")},
+        ("dlrm_L6", "unused_feature"): _trained("dlrm_L6", "thread", unused_feature=True),
+        "steady_dlrm": (_steady_state, ("dlrm", 1)),
+        "steady_dlrm_x8": (_steady_state, ("dlrm", 8)),
+        "steady_mean": (_steady_state, ("variants", 1)),
+        "steady_stock": (_stock_steady_state_ops, ()),
+        "bad_id": (_bad_id_is_named, ()),
+    })
 
 
-def assert_bit_identical(results: List[Dict[str, Any]], a: Tuple[str, str], b: Tuple[str, str]) -> None:
+def assert_bit_identical(results: Sequence[Mapping[Any, Any]], a: Tuple[str, str], b: Tuple[str, str]) -> None:
     for rank, res in enumerate(results):
         assert res[a]["losses"].shape == (STEPS,)
         assert np.array_equal(res[a]["losses"], res[b]["losses"]), (rank, a, b)
@@ -341,29 +357,29 @@ def assert_bit_identical(results: List[Dict[str, Any]], a: Tuple[str, str], b: T
 
 
 @pytest.mark.parametrize("setup", sorted(SETUPS))
-def test_planned_batches_train_bit_for_bit_as_unplanned(world2: List[Dict[str, Any]], setup: str) -> None:
+def test_planned_batches_train_bit_for_bit_as_unplanned(world2: Scenarios, setup: str) -> None:
     assert_bit_identical(world2, (setup, "thread"), (setup, "none"))
 
 
 @pytest.mark.parametrize("lagging", ["lagging_thread", "lagging_exchange"])
-def test_a_lagging_planner_or_exchange_worker_trains_the_same(world2: List[Dict[str, Any]], lagging: str) -> None:
+def test_a_lagging_planner_or_exchange_worker_trains_the_same(world2: Scenarios, lagging: str) -> None:
     assert_bit_identical(world2, ("dlrm_L6", lagging), ("dlrm_L6", "none"))
 
 
 @pytest.mark.parametrize("setup", ["dlrm_L6", "dlrm_L0"])
-def test_a_loader_that_refills_its_buffers_trains_as_a_fresh_one(world2: List[Dict[str, Any]], setup: str) -> None:
+def test_a_loader_that_refills_its_buffers_trains_as_a_fresh_one(world2: Scenarios, setup: str) -> None:
     """A batch is planned from a copy of its ids taken when it was read: a loader may then refill
     the buffers it yielded (the dense features here stay as they were)."""
     assert_bit_identical(world2, (setup, "refilling_loader"), (setup, "none"))
 
 
-def test_a_feature_no_table_serves_is_ignored_through_the_pipeline(world2: List[Dict[str, Any]]) -> None:
+def test_a_feature_no_table_serves_is_ignored_through_the_pipeline(world2: Scenarios) -> None:
     """Planned, announced and trained as if the batch did not carry it (as stock TorchRec ignores it)."""
     assert_bit_identical(world2, ("dlrm_L6", "unused_feature"), ("dlrm_L6", "none"))
 
 
 @pytest.mark.parametrize("steady", ["steady_dlrm", "steady_dlrm_x8", "steady_mean"])
-def test_training_thread_plans_nothing(world2: List[Dict[str, Any]], steady: str) -> None:
+def test_training_thread_plans_nothing(world2: Scenarios, steady: str) -> None:
     for res in world2:
         seen = res[steady]
         assert seen["training_thread_calls"] == {}, seen["training_thread_calls"]
@@ -375,7 +391,7 @@ def test_training_thread_plans_nothing(world2: List[Dict[str, Any]], steady: str
         assert not PLANNING_OPS & set(seen["ops"]), sorted(PLANNING_OPS & set(seen["ops"]))
 
 
-def test_training_thread_ops_do_not_grow_with_the_batch(world2: List[Dict[str, Any]]) -> None:
+def test_training_thread_ops_do_not_grow_with_the_batch(world2: Scenarios) -> None:
     for res in world2:
         small, large = res["steady_dlrm"]["ops"], res["steady_dlrm_x8"]["ops"]
         assert set(small) == set(large)
@@ -385,24 +401,24 @@ def test_training_thread_ops_do_not_grow_with_the_batch(world2: List[Dict[str, A
         assert small.get("_local_scalar_dense", 0) <= res["steady_stock"].get("_local_scalar_dense", 0)
 
 
-def test_a_bad_id_is_named_at_its_batchs_step(world2: List[Dict[str, Any]]) -> None:
+def test_a_bad_id_is_named_at_its_batchs_step(world2: Scenarios) -> None:
     for res in world2:
         assert res["bad_id"] is not None and res["bad_id"][0] == 3, res["bad_id"]
         message = res["bad_id"][1]
         assert "'f2'" in message and f"id {TABLE_ROWS[2] + 5}" in message, message
 
 
-def _one_rank(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    return {
-        "planned": train_with("thread", "dlrm", 10, TABLE_ROWS),
-        "inline": train_with("none", "dlrm", 10, TABLE_ROWS),
-    }
+@pytest.fixture(scope="module")
+def world1() -> Iterator[Scenarios]:
+    yield from pooled(1, {
+        "planned": (_train, ("thread", "dlrm", 10, TABLE_ROWS, {})),
+        "inline": (_train, ("none", "dlrm", 10, TABLE_ROWS, {})),
+    })
 
 
-def test_one_rank_planned_steps_train_bit_for_bit_as_inline_ones() -> None:
+def test_one_rank_planned_steps_train_bit_for_bit_as_inline_ones(world1: Scenarios) -> None:
     """World 1, L = 10: the planner thread against each forward computing its rows."""
-    res = run_ranks(1, _one_rank)[0]
+    res = world1[0]
     planned, inline = res["planned"], res["inline"]
     assert planned["losses"].shape == (STEPS,)
     np.testing.assert_array_equal(planned["losses"], inline["losses"])

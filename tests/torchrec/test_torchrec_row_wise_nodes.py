@@ -1,25 +1,26 @@
 """frugal_row_wise on nodes simulated on this machine: against TorchRec's row_wise, step for step.
 
 Each node is a set of ranks with torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK and a
-shared-memory directory of its own (``run_ranks(..., nodes=N)``). TorchRec's DLRM with the 8
-Zipf-skewed tables of ``test_torchrec_distributed`` trains from the same initial weights under
-frugal_row_wise and under stock row_wise; each rank's loss at every step and the final tables must
-agree within 1e-4 relative (SGD and row-wise Adagrad, plain loop and train pipeline, and an
-EmbeddingCollection model), FrugalShardingPlanner must choose frugal_row_wise on a topology of
-nodes, and the
+shared-memory directory of its own (``pooled(..., nodes=N)``: one pool of ranks per layout, each
+test running the scenarios it reads). TorchRec's DLRM with the 8 Zipf-skewed tables of
+``test_torchrec_distributed`` trains from the same initial weights under frugal_row_wise and under
+stock row_wise; each rank's loss at every step and the final tables must agree within 1e-4
+relative (SGD and row-wise Adagrad, plain loop and train pipeline, and an EmbeddingCollection
+model), FrugalShardingPlanner must choose frugal_row_wise on a topology of nodes, and the
 checkpoint of frugal_row_wise must load into a fresh model and continue bit for bit. The plain
 "frugal" sharding, which keeps a table in one node's shared memory, must refuse to span nodes.
 """
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import (
     BATCH,
     DIM,
@@ -36,7 +37,6 @@ from torchrec_ranks import (
     table_shapes,
     train,
 )
-from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 60
 # (optimizer, pipeline, model): DLRM's EmbeddingBagCollection, or an EmbeddingCollection ("ec")
@@ -50,16 +50,13 @@ RUNS = [
 RUN_IDS = [f"{opt}/{pipe}/{model}" for opt, pipe, model in RUNS]
 
 
-def _training_pair(world: int, opt: str, pipeline: Any, model: str) -> Dict[str, Dict[str, Any]]:
-    out = {}
+def _training(rank: int, world: int, sharding: str, opt: str, pipeline: Any, model: str) -> Dict[str, Any]:
     rows = TABLE_ROWS[::2] if model == "ec" else TABLE_ROWS
-    for sharding in ("frugal_row_wise", "row_wise"):
-        pipe = None if pipeline is None else ("frugal" if sharding == "frugal_row_wise" else "sparse_dist")
-        out[sharding] = run_training(world, sharding, opt, pipeline=pipe, model_kind=model, table_rows=rows, steps=STEPS)
-    return out
+    pipe = None if pipeline is None else ("frugal" if sharding == "frugal_row_wise" else "sparse_dist")
+    return run_training(world, sharding, opt, pipeline=pipe, model_kind=model, table_rows=rows, steps=STEPS)
 
 
-def _checkpoint(world: int, ckpt_dir: str) -> Dict[str, Any]:
+def _checkpoint(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
     """Train k steps, save with torch.distributed.checkpoint, train on; then load the checkpoint
     into a fresh model and train the same steps again: the tables must be equal bit for bit.
 
@@ -96,7 +93,7 @@ def _checkpoint(world: int, ckpt_dir: str) -> Dict[str, Any]:
     return {"first": first, "second": second, "first_losses": first_losses, "second_losses": second_losses}
 
 
-def _refuses_frugal_across_nodes(world: int) -> str:
+def _refuses_frugal_across_nodes(rank: int, world: int) -> str:
     from torchrec_frugal.errors import FrugalError
 
     try:
@@ -106,7 +103,7 @@ def _refuses_frugal_across_nodes(world: int) -> str:
     return "no error"
 
 
-def _bad_ids(world: int) -> Dict[str, Any]:
+def _bad_ids(rank: int, world: int) -> Dict[str, Any]:
     """Every rank feeds an id out of range (then a negative one): each is refused, naming the
     feature, table and id, before the input dist sends it to another node; nothing changes.
     Then every rank announces batch 2 and trains batch 3: refused at the input dist (whose ids
@@ -149,7 +146,7 @@ def _bad_ids(world: int) -> Dict[str, Any]:
     return seen
 
 
-def _lookahead_across_nodes(world: int) -> Dict[str, Any]:
+def _lookahead_across_nodes(rank: int, world: int) -> Dict[str, Any]:
     """FrugalTrainPipeline announces L batches ahead through the cross-node input dist: after one
     step each node's engine holds steps 1..L, and the step's forward reused the rows computed when
     its batch was announced (each of the L + 1 batches read was turned into rows once).
@@ -188,7 +185,7 @@ def _lookahead_across_nodes(world: int) -> Dict[str, Any]:
     return seen
 
 
-def _hardware_plan(world: int) -> Dict[str, Any]:
+def _hardware_plan(rank: int, world: int) -> Dict[str, Any]:
     """FrugalShardingPlanner(hardware="cpu") on the topology of the nodes: what it chose and predicted."""
     import os
 
@@ -218,51 +215,58 @@ def _hardware_plan(world: int) -> Dict[str, Any]:
     }
 
 
-def _node_scenarios(rank: int, world: int, ckpt_dir: str) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    out: Dict[str, Any] = {"runs": {i: _training_pair(world, *r) for i, r in zip(RUN_IDS, RUNS)}}
-    out["planned"] = run_training(world, "frugal_nodes", "adagrad", steps=STEPS)
-    out["hardware_plan"] = _hardware_plan(world)
-    out["engine_ranks"] = [g.engine.world_size for lookup in frugal_lookups(build(world, "frugal_row_wise", "sgd")[0])
-                           for g in lookup.groups]  # fmt: skip
-    out["checkpoint"] = _checkpoint(world, ckpt_dir)
-    out["refusal"] = _refuses_frugal_across_nodes(world)
-    out["bad_ids"] = _bad_ids(world)
-    out["lookahead"] = _lookahead_across_nodes(world)
-    return out
+def _planned(rank: int, world: int) -> Dict[str, Any]:
+    return run_training(world, "frugal_nodes", "adagrad", steps=STEPS)
+
+
+def _engine_ranks(rank: int, world: int) -> List[int]:
+    dmp = build(world, "frugal_row_wise", "sgd")[0]
+    ranks = [g.engine.world_size for lookup in frugal_lookups(dmp) for g in lookup.groups]
+    release(dmp)
+    return ranks
 
 
 @pytest.fixture(scope="module", params=[(4, 2), (2, 2)], ids=["2nodes_x2", "2nodes_x1"])
-def nodes(request: Any) -> List[Dict[str, Any]]:
+def nodes(request: Any) -> Iterator[Scenarios]:
     world, n = request.param
     with tempfile.TemporaryDirectory() as ckpt_dir:
-        return run_ranks(world, _node_scenarios, ckpt_dir, nodes=n, timeout=1200)
+        yield from pooled(world, {
+            **{(run, sharding): (_training, (sharding, *r)) for run, r in zip(RUN_IDS, RUNS)
+               for sharding in ("frugal_row_wise", "row_wise")},
+            "planned": (_planned, ()),
+            "hardware_plan": (_hardware_plan, ()),
+            "engine_ranks": (_engine_ranks, ()),
+            "checkpoint": (_checkpoint, (ckpt_dir,)),
+            "refusal": (_refuses_frugal_across_nodes, ()),
+            "bad_ids": (_bad_ids, ()),
+            "lookahead": (_lookahead_across_nodes, ()),
+        }, nodes=n)  # fmt: skip
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
-def test_frugal_row_wise_matches_stock_row_wise(nodes: List[Dict[str, Any]], run: str) -> None:
+def test_frugal_row_wise_matches_stock_row_wise(nodes: Scenarios, run: str) -> None:
     for rank, r in enumerate(nodes):
-        frugal, stock = r["runs"][run]["frugal_row_wise"], r["runs"][run]["row_wise"]
+        frugal, stock = r[(run, "frugal_row_wise")], r[(run, "row_wise")]
         assert set(frugal["types"].values()) == {"frugal_row_wise"} and frugal["types"].keys() == stock["types"].keys()
         assert len(frugal["losses"]) == STEPS
         np.testing.assert_allclose(frugal["losses"], stock["losses"], rtol=REL_TOL, err_msg=f"rank {rank}")
-    r0 = nodes[0]["runs"][run]
-    for t, (a, b) in enumerate(zip(r0["frugal_row_wise"]["tables"], r0["row_wise"]["tables"])):
+    r0 = nodes[0]
+    for t, (a, b) in enumerate(zip(r0[(run, "frugal_row_wise")]["tables"], r0[(run, "row_wise")]["tables"])):
         np.testing.assert_allclose(a, b, rtol=REL_TOL, atol=1e-6, err_msg=f"table t{t}")
 
 
-def test_the_planner_puts_tables_on_frugal_row_wise_across_nodes(nodes: List[Dict[str, Any]]) -> None:
+def test_the_planner_puts_tables_on_frugal_row_wise_across_nodes(nodes: Scenarios) -> None:
     """FrugalShardingPlanner on a topology of 2 nodes plans frugal_row_wise for every table, and
     that plan trains exactly as the hand-made one."""
     for r in nodes:
-        planned, hand = r["planned"], r["runs"]["adagrad/None/dlrm"]["frugal_row_wise"]
+        planned, hand = r["planned"], r[("adagrad/None/dlrm", "frugal_row_wise")]
         assert planned["types"] == hand["types"]
         assert np.array_equal(planned["losses"], hand["losses"])
-    for a, b in zip(nodes[0]["planned"]["tables"], nodes[0]["runs"]["adagrad/None/dlrm"]["frugal_row_wise"]["tables"]):
+    for a, b in zip(nodes[0]["planned"]["tables"], nodes[0][("adagrad/None/dlrm", "frugal_row_wise")]["tables"]):
         assert np.array_equal(a, b)
 
 
-def test_the_planner_prices_the_nodes_with_a_hardware_profile(nodes: List[Dict[str, Any]]) -> None:
+def test_the_planner_prices_the_nodes_with_a_hardware_profile(nodes: Scenarios) -> None:
     """With hardware="cpu" the planner chooses among the shardings that span nodes (frugal_row_wise,
     never frugal), predicts the plan no slower than any uniform one, and every rank gets the same
     choice, with the chosen L in its sharders' config."""
@@ -281,14 +285,14 @@ def test_the_planner_prices_the_nodes_with_a_hardware_profile(nodes: List[Dict[s
         assert r["hardware_plan"] == first
 
 
-def test_each_engine_serves_one_node(nodes: List[Dict[str, Any]]) -> None:
+def test_each_engine_serves_one_node(nodes: Scenarios) -> None:
     world = len(nodes)
     local = world // 2
     for r in nodes:
         assert r["engine_ranks"] and set(r["engine_ranks"]) == {local}
 
 
-def test_checkpoint_resumes_like_an_uninterrupted_run(nodes: List[Dict[str, Any]]) -> None:
+def test_checkpoint_resumes_like_an_uninterrupted_run(nodes: Scenarios) -> None:
     """Bit for bit, with one and with two ranks per node (the dense layers' buckets kept: see
     ``_checkpoint``)."""
     for rank, r in enumerate(nodes):
@@ -298,14 +302,14 @@ def test_checkpoint_resumes_like_an_uninterrupted_run(nodes: List[Dict[str, Any]
         assert np.array_equal(a, b), f"table t{t}: max difference {np.abs(a - b).max()}"
 
 
-def test_frugal_refuses_to_span_nodes(nodes: List[Dict[str, Any]]) -> None:
+def test_frugal_refuses_to_span_nodes(nodes: Scenarios) -> None:
     for r in nodes:
         msg = r["refusal"]
         assert "2 nodes" in msg and "(node 0): ranks" in msg and "(node 1): ranks" in msg, msg
         assert "frugal_row_wise" in msg
 
 
-def test_bad_ids_are_refused_before_they_cross_nodes(nodes: List[Dict[str, Any]]) -> None:
+def test_bad_ids_are_refused_before_they_cross_nodes(nodes: Scenarios) -> None:
     for r in nodes:
         b = r["bad_ids"]
         assert b["out_of_range"] == (
@@ -318,7 +322,7 @@ def test_bad_ids_are_refused_before_they_cross_nodes(nodes: List[Dict[str, Any]]
         assert b["unchanged"] and b["trains_after"]
 
 
-def test_the_lookahead_window_is_fed_across_nodes(nodes: List[Dict[str, Any]]) -> None:
+def test_the_lookahead_window_is_fed_across_nodes(nodes: Scenarios) -> None:
     for r in nodes:
         la = r["lookahead"]
         assert la["window"] == LOOKAHEAD and la["capacity"] == 1

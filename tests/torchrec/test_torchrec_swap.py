@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import pytest
@@ -33,6 +33,7 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import DataType
 
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import full_tables, initial_table, release
 from test_torchrec_fp_embeddingbag import FPModel
 from torchrec_frugal.config import FrugalConfig
@@ -223,18 +224,17 @@ def train(how: str) -> Dict[str, Any]:
     return out
 
 
-def _rank_main(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    return {how: train(how) for how in ("stock", "dmp", "torchrec_planner")}
+def _train(rank: int, world: int, how: str) -> Dict[str, Any]:
+    return train(how)
 
 
 @pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _rank_main)
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {how: (_train, (how,)) for how in ("stock", "dmp", "torchrec_planner")})
 
 
 @pytest.mark.parametrize("how", ["dmp", "torchrec_planner"])
-def test_the_swapped_script_plans_frugal_and_trains_as_stock(world2: List[Dict[str, Any]], how: str) -> None:
+def test_the_swapped_script_plans_frugal_and_trains_as_stock(world2: Scenarios, how: str) -> None:
     for res in world2:
         assert res[how]["kinds"] == {f"t{t}": FRUGAL for t in range(len(ROWS))}
         assert res["stock"]["kinds"] == {f"t{t}": "table_wise" for t in range(len(ROWS))}
@@ -246,7 +246,7 @@ def test_the_swapped_script_plans_frugal_and_trains_as_stock(world2: List[Dict[s
         assert np.abs(x - y).max() <= 1e-4 * moved, (t, np.abs(x - y).max(), moved)
 
 
-def test_the_plan_report_names_every_table_and_its_cache(world2: List[Dict[str, Any]]) -> None:
+def test_the_plan_report_names_every_table_and_its_cache(world2: Scenarios) -> None:
     report = world2[0]["dmp"]["report"].splitlines()
     assert report[0] == f"torchrec_frugal plan of {PATH}:"
     assert report[1].split() == ["table", "sharding", "rows", "x", "dim", "cached", "rows", "per", "rank", "expected", "hit", "ratio"]
@@ -257,7 +257,7 @@ def test_the_plan_report_names_every_table_and_its_cache(world2: List[Dict[str, 
         assert " ".join(cells[6:]) == "no pre-sample"
 
 
-def test_frugal_train_pipeline_warns_once_on_a_model_without_frugal_tables(world2: List[Dict[str, Any]]) -> None:
+def test_frugal_train_pipeline_warns_once_on_a_model_without_frugal_tables(world2: Scenarios) -> None:
     for res in world2:
         assert res["dmp"]["stock_warnings"] == []
     # The stock run used TrainPipelineSparseDist; the warning is checked on FrugalTrainPipeline below.

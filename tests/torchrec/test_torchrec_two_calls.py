@@ -11,7 +11,7 @@ tables against stock table_wise, and the update of the second call shown to matt
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import pytest
@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 import torchrec_ranks as base
+from rank_pool import Scenarios, pooled
 from torchrec_ranks import VariantBatches, VariantsModel, build, full_tables, initial_table, release, table_shapes
-from torchrec_frugal.host.launch import run_ranks
 
 STEPS = 12
 LOOPS = ("two_towers", "dropped_forward", "state_dict_between")
@@ -74,24 +74,23 @@ def train(sharding: str, opt: str, loop: str) -> Dict[str, Any]:
     return out
 
 
-def _rank_main(rank: int, world: int) -> Dict[str, Any]:
-    torch.set_num_threads(1)
-    return {
-        (loop, sharding, opt): train(sharding, opt, loop)
+def _train(rank: int, world: int, sharding: str, opt: str, loop: str) -> Dict[str, Any]:
+    return train(sharding, opt, loop)
+
+
+@pytest.fixture(scope="module")
+def world2() -> Iterator[Scenarios]:
+    yield from pooled(2, {
+        (loop, sharding, opt): (_train, (sharding, opt, loop))
         for loop in LOOPS
         for opt in ("sgd", "adagrad")
         for sharding in ("frugal", "table_wise")
         if loop == "two_towers" or opt == "adagrad"
-    }
-
-
-@pytest.fixture(scope="module")
-def world2() -> List[Dict[str, Any]]:
-    return run_ranks(2, _rank_main)
+    })
 
 
 @pytest.mark.parametrize("loop, opt", [("two_towers", "sgd"), ("two_towers", "adagrad"), ("dropped_forward", "adagrad"), ("state_dict_between", "adagrad")])
-def test_a_collection_called_again_before_backward_trains_as_stock(world2: List[Dict[str, Any]], loop: str, opt: str) -> None:
+def test_a_collection_called_again_before_backward_trains_as_stock(world2: Scenarios, loop: str, opt: str) -> None:
     for res in world2:
         frugal, stock = res[(loop, "frugal", opt)], res[(loop, "table_wise", opt)]
         assert frugal["losses"].shape == (STEPS,)
@@ -102,7 +101,7 @@ def test_a_collection_called_again_before_backward_trains_as_stock(world2: List[
         assert not np.array_equal(a, initial_table(t, *table_shapes("variants")[t]).numpy())  # trained
 
 
-def test_the_second_call_is_trained(world2: List[Dict[str, Any]]) -> None:
+def test_the_second_call_is_trained(world2: Scenarios) -> None:
     """The rows only the second tower reads move: its update is applied, not dropped."""
     one, two = world2[0][("dropped_forward", "frugal", "adagrad")], world2[0][("two_towers", "frugal", "adagrad")]
     assert any(not np.allclose(a, b, atol=1e-4) for a, b in zip(one["tables"], two["tables"]))

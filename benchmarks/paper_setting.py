@@ -44,7 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
 from torchrec_frugal.estimate.cost_model import (  # noqa: E402
-    FRUGAL,
     LOOKAHEAD_CHOICES,
     MEMORY_HEADROOM,
     TERMS,

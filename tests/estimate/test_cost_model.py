@@ -23,7 +23,6 @@ from torchrec_frugal.estimate.cost_model import (
     CostModel,
     CostTable,
     DenseModel,
-    PLANNER_SHARDINGS,
     planner_shardings,
     shardings_for,
     Plan,

@@ -30,12 +30,12 @@ are the same in every mode and repetition.
 Reported per mode (median over repetitions of per-run means, ranks averaged):
 step time (mean, and p90 of single steps), engine time (step minus dense compute minus gradient
 coalescing), dense time, gate wait, gate stall fraction (gate wait / step time), flush time on
-the training thread (flushes the gate or the gradient exchange did themselves), rows and MB
+the exchange worker (the rows the next step reads, and what its waits and the gate's had time for), rows and MB
 flushed per step (all ranks together), cache hit ratio, samples/s (all ranks together), and the
 CPU seconds per step of the training thread, the background threads (flushers and the lookahead worker) and the whole rank process.
 
 Waits by kind and flush time by thread come from the engine's own StepMetrics (``wait_s``,
-``train_thread_flush_s``, ``flusher_thread_flush_s``); the background threads from
+``exchange_flush_s``, ``flusher_flush_s``); the background threads from
 ``background_threads``. The machine's load from other processes during the run is measured from
 /proc/stat and printed: on a shared machine it moves every wall time.
 """
@@ -148,7 +148,7 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     due_next = pending = 0
     profiler = cProfile.Profile() if (args.profile and args.profile == mode and rank == 0) else None
     flushed_rows0 = flushed_bytes0 = 0
-    main_flush = bg_flush = 0.0
+    exchange_flush = bg_flush = 0.0
     flusher_tids = [t.native_id for t in eng.background_threads]
     cpu0 = (0.0, 0.0, 0.0)
     dist.barrier()
@@ -200,8 +200,8 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
             for p in PHASES:
                 rec["phase_" + p][i] = m.phase_s[p]
             hits += m.cache_hits
-            main_flush += m.train_thread_flush_s
-            bg_flush += m.flusher_thread_flush_s
+            exchange_flush += m.exchange_flush_s
+            bg_flush += m.flusher_flush_s
             lookups += m.lookups
             due_next += int(m.queue_depth[0]) if m.queue_depth.size else 0
             pending += m.pending_rows
@@ -226,8 +226,8 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
         "per_step": {k: v.tolist() for k, v in rec.items()},
         "rows_flushed": int(rows_f),
         "bytes_flushed": int(bytes_f),
-        "train_thread_flush_s": main_flush,
-        "flusher_thread_flush_s": bg_flush,
+        "exchange_flush_s": exchange_flush,
+        "flusher_flush_s": bg_flush,
         "cpu_train_thread_s": cpu[0],
         "cpu_flusher_threads_s": cpu[1],
         "cpu_process_s": cpu[2],
@@ -318,8 +318,8 @@ def summarize_run(per_rank: List[Dict[str, Any]], args: argparse.Namespace) -> D
         "engine_work_ms": step_ms - dense_ms - coalesce_ms - gate_ms - mean_ms("exchange"),
         "apply_ms": mean_ms("apply"),
         "gate_stall": gate_ms / step_ms,
-        "train_flush_ms": 1e3 * float(np.mean([r["train_thread_flush_s"] for r in per_rank])) / steps,
-        "flusher_flush_ms": 1e3 * float(np.mean([r["flusher_thread_flush_s"] for r in per_rank])) / steps,
+        "exchange_flush_ms": 1e3 * float(np.mean([r["exchange_flush_s"] for r in per_rank])) / steps,
+        "flusher_flush_ms": 1e3 * float(np.mean([r["flusher_flush_s"] for r in per_rank])) / steps,
         "cpu_engine_ms": mean_ms("cpu_engine"),
         "cpu_dense_ms": mean_ms("cpu_dense"),
         "cpu_train_ms": 1e3 * float(np.mean([r["cpu_train_thread_s"] for r in per_rank])) / steps,
@@ -415,14 +415,14 @@ def main() -> None:
         f"torch={torch.__version__} cpus={os.cpu_count()}\n"
     )
     print("| mode | step ms | min-max over repeats | p90 step ms | dense ms | engine ms | gate wait ms | exchange wait ms | "
-          "engine work ms | gate stall | flush on train thread ms | rows flushed/step | MB flushed/step | "
+          "engine work ms | gate stall | flush on exchange worker ms | rows flushed/step | MB flushed/step | "
           f"cache hit | samples/s | step vs {ref} (paired) |")
     print("|---|" + "---:|" * 15)
     for m, s in summary.items():
         print(
             f"| {m} | {s['step_ms']:.1f} | {s['step_ms_min']:.0f}-{s['step_ms_max']:.0f} | {s['step_p90_ms']:.1f} | {s['dense_ms']:.1f} | {s['engine_ms']:.1f} "
             f"| {s['gate_ms']:.2f} | {s['exchange_wait_ms']:.2f} | {s['engine_work_ms']:.1f} "
-            f"| {100 * s['gate_stall']:.1f}% | {s['train_flush_ms']:.2f} "
+            f"| {100 * s['gate_stall']:.1f}% | {s['exchange_flush_ms']:.2f} "
             f"| {s['rows_flushed_per_step']:,.0f} | {s['mb_flushed_per_step']:.2f} | {s['hit_ratio']:.3f} "
             f"| {s['samples_per_s']:,.0f} | {s['step_vs_' + ref + '_paired']:.2f}x |"
         )

@@ -28,7 +28,7 @@ class FlushedSince(Protocol):
 
     rows: int
     bytes: int
-    train_thread_s: float
+    exchange_thread_s: float
     flusher_thread_s: float
     queue_depth: np.ndarray
     pending_rows: int
@@ -55,9 +55,9 @@ class StepMetrics:
         (WAIT_KINDS): gate, exchange (gradients staged), published (the lookahead of the
         step being updated), ring (a lookahead slot freed; on the lookahead worker's thread when
         there is one), sync (barriers of flush() and checkpoint loads).
-    train_thread_flush_s / flusher_thread_flush_s: seconds spent copying chunks to host since the
-        previous step's metrics, by the training thread (the rows the next step reads, flushes
-        done while waiting, flush()) and by the background flusher threads.
+    exchange_flush_s / flusher_flush_s: seconds spent copying chunks to host since the
+        previous step's metrics, by the exchange worker (the rows the next step reads, what a
+        wait of it or of the gate had time for, flush()) and by the background flusher threads.
     """
 
     step: int
@@ -73,8 +73,8 @@ class StepMetrics:
     dynamic_rows: int
     phase_s: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     wait_s: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_KINDS, 0.0))
-    train_thread_flush_s: float = 0.0
-    flusher_thread_flush_s: float = 0.0
+    exchange_flush_s: float = 0.0
+    flusher_flush_s: float = 0.0
 
     @property
     def cache_hit_ratio(self) -> float:
@@ -115,8 +115,8 @@ class StepRecorder:
             dynamic_rows=dynamic_rows,
             phase_s=self.phase_s,
             wait_s=wait_s,
-            train_thread_flush_s=flushed.train_thread_s,
-            flusher_thread_flush_s=flushed.flusher_thread_s,
+            exchange_flush_s=flushed.exchange_thread_s,
+            flusher_flush_s=flushed.flusher_thread_s,
         )
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self.lookups = self.cache_hits = 0

@@ -135,7 +135,8 @@ class Worker:
 
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
-        sleep = self._poll_s[0] if self._poll_s else None
+        first, longest = self._poll_s if self._poll_s else (None, None)
+        sleep = first
         while True:
             with self._cv:
                 if self._stopped or self._failed:
@@ -146,16 +147,14 @@ class Worker:
                     self._nudged = False
             if job is not None:
                 self._run(job)
-                sleep = self._poll_s[0] if self._poll_s else None
+            elif self._idle is None or not self._run(self._idle):
+                with self._cv:
+                    if not (self._todo or self._nudged or self._stopped or self._failed):
+                        self._cv.wait(sleep)
+                if sleep is not None:
+                    sleep = min(2 * sleep, longest)  # type: ignore[type-var]
                 continue
-            if self._idle is not None and self._run(self._idle):
-                sleep = self._poll_s[0] if self._poll_s else None
-                continue
-            with self._cv:
-                if not (self._todo or self._nudged or self._stopped or self._failed):
-                    self._cv.wait(sleep)
-            if sleep is not None:
-                sleep = min(2 * sleep, self._poll_s[1])  # type: ignore[index]
+            sleep = first  # work was found: the next idle poll comes soon again
 
     def _run(self, task: Callable[[], object]) -> bool:
         """Run a job (``self._busy``) or the idle task; a failure stops the worker, reported."""

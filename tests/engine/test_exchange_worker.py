@@ -1,5 +1,5 @@
-"""The exchange worker in the engine: on CPU it publishes the lookahead off the training thread
-(one rank; the engine's exactness with it is ``test_engine_exactness``'s; the worker itself,
+"""The exchange worker in the engine: on CPU it publishes and ingests the lookahead and flushes, off
+the training thread (one rank; the engine's exactness with it is ``test_engine_exactness``'s; the worker itself,
 ordering, tickets, drains and failures, is ``tests/test_worker.py``'s)."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine.frugal_engine import FrugalEngine
 from torchrec_frugal.errors import FrugalError
 from torchrec_frugal.engine.flush.flusher import Flusher
+from torchrec_frugal.engine.lookahead.feed import LookaheadFeed
 from torchrec_frugal.engine.lookahead.ring import LookaheadRing
 from torchrec_frugal.engine.owner_update import OwnerUpdate
 
@@ -57,18 +58,28 @@ def test_the_worker_publishes_the_lookahead_off_the_training_thread(
     assert len(threads) == 30 and set(threads) == {"frugal-exchange-0"}
 
 
-def test_with_flusher_threads_the_training_thread_flushes_nothing(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The exchange worker flushes what the next step reads, the flushers the rest; a gate that
-    waits for them only waits (on CPU without flushers, the default, the training thread helps)."""
-    threads: List[str] = []
+@pytest.mark.parametrize("flush_workers", [1, 0])  # 0: the default on CPU
+def test_the_training_thread_flushes_and_ingests_nothing(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, flush_workers: int
+) -> None:
+    """The exchange worker flushes what the next step reads, the flushers the rest (or the
+    exchange worker, where there are none); the exchange worker ingests (no lookahead worker on
+    CPU). A gate that waits for them only waits, handing what it waits for to the exchange worker."""
+    flushed: List[str] = []
+    ingested: List[str] = []
     flush_once = Flusher.flush_once
+    ingest = LookaheadFeed.ingest_available
 
-    def recorded(self: Flusher, max_priority: Any, wait: bool = True) -> Any:
-        if max_priority is not None:  # not the final drain (flush(), on the caller by design)
-            threads.append(threading.current_thread().name)
+    def recorded_flush(self: Flusher, max_priority: Any, wait: bool = True) -> Any:
+        flushed.append(threading.current_thread().name)
         return flush_once(self, max_priority, wait)
 
-    monkeypatch.setattr(Flusher, "flush_once", recorded)
+    def recorded_ingest(self: LookaheadFeed, through: Any = None) -> Any:
+        ingested.append(threading.current_thread().name)
+        return ingest(self, through)
+
+    monkeypatch.setattr(Flusher, "flush_once", recorded_flush)
+    monkeypatch.setattr(LookaheadFeed, "ingest_available", recorded_ingest)
     # The worker leaves what the next step reads pending (as when its flush ran before a late
     # ingest made a deferred row due): the gate of that step then finds it pending.
     monkeypatch.setattr(Flusher, "flush_due", lambda self, step: None)
@@ -81,11 +92,13 @@ def test_with_flusher_threads_the_training_thread_flushes_nothing(tmp_path: Any,
 
     monkeypatch.setattr(Flusher, "background_bound", slow)
     # Uncached rows updated in dynamic slots: host reads of them wait for their flush.
-    tables = _train(tmp_path, 3, steps=100, flush_workers=1, update_uncached_in_host=False)
-    assert "MainThread" not in threads, sorted(set(threads))
-    threads.clear()
-    assert torch.equal(tables, _train(tmp_path, 3, steps=100, flush_workers=0, update_uncached_in_host=False))
-    assert "MainThread" in threads  # the default on CPU: no flusher, the training thread helps
+    tables = _train(tmp_path, 3, steps=100, flush_workers=flush_workers, update_uncached_in_host=False)
+    assert flushed and ingested
+    # (the flusher threads flush through their own idle task, not flush_once)
+    assert set(flushed) == {"frugal-exchange-0"} and set(ingested) == {"frugal-exchange-0"}, (set(flushed), set(ingested))
+    flushed.clear()
+    monkeypatch.undo()
+    assert torch.equal(tables, _train(tmp_path, 3, steps=100, flush_workers=flush_workers, update_uncached_in_host=False))
 
 
 def test_a_failure_on_the_worker_is_raised_on_the_training_thread_with_its_cause(

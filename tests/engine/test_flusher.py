@@ -60,7 +60,7 @@ def test_rows_due_next_step_are_flushed_on_the_calling_thread() -> None:
     assert f.store.slot_of[20] == -1 and f.store.slot_of[30] >= 0 and f.store.slot_of[1] == 1  # dynamic slot released
     counts = f.take_counts()
     assert counts.rows == 2 and counts.bytes == 2 * (DIM + WIDTH) * 4
-    assert counts.train_thread_s > 0.0 and counts.flusher_thread_s == 0.0
+    assert counts.exchange_thread_s > 0.0 and counts.flusher_thread_s == 0.0
     assert counts.pending_rows == 1 and counts.queue_depth[3] == 1
     assert f.take_counts().rows == 0  # counted once
     f.drain()
@@ -81,7 +81,7 @@ def test_deferred_rows_wait_until_too_many_then_the_flusher_threads_write_them()
             time.sleep(0.01)
         assert len(f.queue) == 0 and weights[40:45].eq(1.0).all()
         counts = f.take_counts()
-        assert counts.rows == 5 and counts.flusher_thread_s > 0.0 and counts.train_thread_s == 0.0
+        assert counts.rows == 5 and counts.flusher_thread_s > 0.0 and counts.exchange_thread_s == 0.0
     finally:
         f.stop(5.0)
     assert not any(t.is_alive() for t in f.threads)
@@ -106,7 +106,7 @@ def test_without_flusher_threads_flush_due_keeps_the_deferred_rows_bounded() -> 
     _update(f, np.array([43, 44]), 1.0, INF)
     f.flush_due(0)
     assert f.queue.deferred <= 4 and weights[40:45].eq(1.0).all()
-    assert f.take_counts().train_thread_s > 0.0
+    assert f.take_counts().exchange_thread_s > 0.0
 
 
 class _BlockingHost:

@@ -31,22 +31,19 @@ worker: ``gradient_staging``, ``gradient_exchange``, ``owner_update``, the step'
 ``flusher`` (queue, flusher threads, FLUSHED), ``gate`` (counters and waits), ``checkpoint_rows``
 (host rows read and loaded between steps), ``rank_faults`` (a failure marked, raised, aborted).
 
-Which thread runs each job of the lookahead and the update, per rank (the owner first, then where
-the same job also runs today, serialised by a lock, until each runs on its owner only):
+Which thread runs each job of the lookahead and the update, per rank; the training thread runs
+none of them (its gate hands what it waits for to their threads, :meth:`.StepUpdate.wait_gate`):
 
-=======  ==============================================  ================================================
-job      owner                                           also run by
-=======  ==============================================  ================================================
-publish  the lookahead worker on an accelerator, the     nobody
-         exchange worker on a CPU device
-ingest   the lookahead worker on an accelerator, the     the training thread while its gate waits, and
-         exchange worker (at the update) on a CPU       a publish waiting for a ring slot (its thread)
-update   the exchange worker                             nobody
-flush    the flusher threads (none: the exchange        the exchange worker (the rows the next step
-         worker)                                         reads, and while it waits for its peers), the
-                                                         training thread at a gate without flushers and
-                                                         in :meth:`FrugalEngine.flush`
-=======  ==============================================  ================================================
+=======  ========================================================================================
+job      thread
+=======  ========================================================================================
+publish  the lookahead worker on an accelerator; the exchange worker on a CPU device
+ingest   the lookahead worker on an accelerator; the exchange worker on a CPU device
+update   the exchange worker
+flush    the flusher threads (rows ahead of need) and the exchange worker (the rows the next step
+         reads, what is due while it waits, and all of it where there are no flushers: the
+         default on a CPU device, whose cores the training keeps busy)
+=======  ========================================================================================
 """
 from __future__ import annotations
 
@@ -344,7 +341,8 @@ class FrugalEngine:
         self.drain()
         if self._in_step and not within_step:
             raise FrugalError(f"rank {self.rank}: flush inside step {self.step}")
-        self._faults.guard(self.flusher.drain)
+        self.exchange_worker.submit(lambda: self._faults.guard(self.flusher.drain))  # flushes run on their threads
+        self.drain()
         self._faults.guard(lambda: sync(self.control, "flush"))
 
     # ------------------------------------------------------------------ checkpoints

@@ -59,6 +59,8 @@ class StepUpdate:
         # The exchange worker's last hand-off the next step's gate waits for: the previous step's
         # update, or the step's own publish when begin_step announces it.
         self.ticket = 0
+        self._serving = 0  # the exchange worker's ticket of the latest serve_gate
+        self._served = False  # whether it found work (then the gate asks again at once)
         self.last_metrics: Optional[StepMetrics] = None  # of the newest step whose update is done
         self._finished: Deque[StepMetrics] = deque(maxlen=4096)  # since the last take_metrics()
 
@@ -83,19 +85,38 @@ class StepUpdate:
 
     def wait_gate(self, s: int) -> float:
         """Wait until step ``s`` may read: every owner applied step s - 1 and has no pending host
-        write read at s; returns the seconds waited."""
-        worker, flusher, feed, control = self._worker, self._flusher, self._feed, self._control
+        write read at s; returns the seconds waited.
+
+        The training thread only waits: its own update, then the owners. What this owner still
+        has to do for the gate runs on the threads that own it: ingesting the peers' publishes
+        and flushing the rows step ``s`` reads on the exchange worker where no lookahead worker or
+        flusher does (:meth:`serve_gate`, handed over while the gate waits), else on those workers.
+        """
+        worker, feed = self._worker, self._feed
 
         def idle() -> bool:
-            ingested = feed.ingest_while_waiting()
+            feed.check_failed()
             ticket = self.ticket  # this rank's own update of step s - 1 (and its flush)
             if not worker.done_through(ticket):
-                return worker.wait_done(2e-3, ticket) or ingested
-            if flusher.threads or control.get(FLUSHED)[self._rank] >= s:
-                return ingested  # the flushers write what step s reads (or none of it is pending here)
-            return flusher.flush_once(max_priority=s, wait=False) or ingested
+                return worker.wait_done(2e-3, ticket)
+            feed.wake_ingester()
+            if not (feed.ingests_on_exchange or not self._flusher.workers):
+                return False  # the lookahead worker and the flushers do what the gate waits for
+            if worker.done_through(self._serving):
+                self._serving = worker.submit(lambda: self._guard(lambda: self.serve_gate(s)))
+            return worker.wait_done(2e-3, self._serving) and self._served
 
-        return control.wait(WAIT_GATE, lambda: lagging_owners(control, s), f"the gate of step {s}", idle)
+        return self._control.wait(WAIT_GATE, lambda: lagging_owners(self._control, s), f"the gate of step {s}", idle)
+
+    def serve_gate(self, s: int) -> None:
+        """On the exchange worker, for a gate of step ``s`` that waits: ingest what the peers
+        published (where no lookahead worker does) and flush the rows step ``s`` reads (where no
+        flusher does)."""
+        found = bool(self._feed.ingests_on_exchange and self._feed.ingest_available())
+        if not self._flusher.workers and self._control.get(FLUSHED)[self._rank] < s:
+            while self._flusher.flush_once(max_priority=s, wait=False):
+                found = True
+        self._served = found
 
     def run(
         self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int

@@ -41,7 +41,7 @@ class FlushCounts:
 
     rows: int = 0
     bytes: int = 0
-    train_thread_s: float = 0.0  # chunks copied by the training thread (or any caller of flush_once)
+    exchange_thread_s: float = 0.0  # chunks copied by the exchange worker (or any other caller of flush_once)
     flusher_thread_s: float = 0.0  # chunks copied by the background flusher threads
     queue_depth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per bucket
     pending_rows: int = 0
@@ -215,7 +215,7 @@ class Flusher:
                 if background:
                     c.flusher_thread_s += time.perf_counter() - t0
                 else:
-                    c.train_thread_s += time.perf_counter() - t0
+                    c.exchange_thread_s += time.perf_counter() - t0
             return True
         finally:
             self._mutex.release()

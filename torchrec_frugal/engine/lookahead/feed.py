@@ -11,14 +11,15 @@ Words used throughout (one action each):
   each row it owns) and gives the deferred rows that step reads a finite priority in the queue.
 
 An owner's window must run ahead of the steps its peers start: with deferred rows pending, its
-FLUSHED counter says "current through the newest ingested step". The worker keeps it ahead in the
-background; without one the exchange worker ingests once per step, at the update.
+FLUSHED counter says "current through the newest ingested step". Each job has one thread: publish
+and ingest run on the lookahead worker where there is one (an accelerator), which keeps the window
+ahead in the background; without one (a CPU device) both run on the exchange worker, which ingests
+at each update and whenever the training thread's gate asks it to (:meth:`StepUpdate.wait_gate`).
 """
 from __future__ import annotations
 
-import threading
 from collections import deque
-from typing import Callable, Deque, Optional, Tuple, Union
+from typing import Callable, Deque, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -67,11 +68,10 @@ class LookaheadFeed:
         # the updates, with a ticket).
         self._exchange = exchange
         self._guard = guard  # a failing publish fails the rank, as any step would
-        self._check_failed = check_failed
+        self.check_failed = check_failed  # raises if this rank failed (its peers may be waiting for it)
         self._next = 0  # the next step to announce
         # Announced by push, not begun: (step, rows, the exchange worker's ticket of its publish, if handed over)
         self._pushed: Deque[Tuple[int, torch.Tensor, Optional[int]]] = deque()
-        self._ingest_mutex = threading.Lock()  # one ingester at a time: steps arrive in order
         self.worker = (
             LookaheadWorker(f"frugal-lookahead-{control.rank}", ring.publish, self.ingest_available, on_failure)
             if lookahead > 0 and lookahead_thread(device)
@@ -138,54 +138,76 @@ class LookaheadFeed:
 
     # ------------------------------------------------------------------ this rank as an owner
     def ingest_available(self, through: Optional[int] = None) -> bool:
-        """Ingest every step all ranks have published (at least through ``through``); True if any."""
+        """Ingest every step all ranks have published (at least through ``through``); True if any.
+
+        Only the ingester calls it (the lookahead worker, else the exchange worker), so steps
+        arrive in order without a lock of their own."""
         if self.window is None:
             return False
         flusher = self.flusher
         did = False
-        with self._ingest_mutex:
-            while True:
-                t = self.window.last_step + 1  # only ingesters move it, and we are the one
-                with flusher.lock:
-                    room = t <= flusher.queue.base + self.lookahead + 1
-                if not room:
-                    return did
-                if self.ring.published_through() < t:
-                    if through is not None and t <= through:
-                        raise FrugalError(f"rank {self.control.rank}: step {t} must be ingested but is not published")
-                    return did
-                rows_t = self.ring.collect(t)
-                with flusher.lock:
-                    newly = self.window.add_step(t, rows_t)
-                    if newly.size:
-                        deferred = newly[flusher.queue.priority_of(newly) == INF]
-                        if deferred.size:
-                            flusher.queue.upsert(deferred, t, assume_unique=True)  # a step's rows are unique
-                    self.control.set(INGESTED, t)
-                    flusher.publish_progress()
-                    flusher.wake_all()
-                did = True
+        while True:
+            t = self.window.last_step + 1  # only the ingester moves it
+            with flusher.lock:
+                room = t <= flusher.queue.base + self.lookahead + 1
+            if not room:
+                return did
+            if self.ring.published_through() < t:
+                if through is not None and t <= through:
+                    raise FrugalError(f"rank {self.control.rank}: step {t} must be ingested but is not published")
+                return did
+            rows_t = self.ring.collect(t)
+            with flusher.lock:
+                newly = self.window.add_step(t, rows_t)
+                if newly.size:
+                    deferred = newly[flusher.queue.priority_of(newly) == INF]
+                    if deferred.size:
+                        flusher.queue.upsert(deferred, t, assume_unique=True)  # a step's rows are unique
+                self.control.set(INGESTED, t)
+                flusher.publish_progress()
+                flusher.wake_all()
+            did = True
 
-    def ingest_while_waiting(self) -> bool:
-        """What a wait of the training thread does meanwhile: fail if our own background failed
-        (the peers may be waiting for it), else ingest what is published."""
-        self._check_failed()
-        return self.ingest_available()
+    @property
+    def ingests_on_exchange(self) -> bool:
+        """Whether this rank's ingester is the exchange worker (no lookahead worker, a window to fill)."""
+        return self.window is not None and self.worker is None
+
+    def wake_ingester(self) -> None:
+        """A wait depends on this owner's ingestion: the lookahead worker, if any, looks now."""
+        if self.worker is not None:
+            self.worker.wake()
 
     def ingest_through(self, step: int) -> None:
-        """Ingest at least through ``step``, which every rank announced; without a worker, all there is."""
+        """On the exchange worker, before step ``step``'s update: the window holds step ``step``,
+        which every rank announced. The exchange worker ingests it (and all there is) where it
+        is the ingester, else waits for the lookahead worker to."""
         if self.window is None:
             return
-        behind = self.window.last_step < step
-        if behind:
-            self.control.wait(
-                WAIT_PUBLISHED,
-                lambda: self.control.behind(PUBLISHED, step),
-                f"the lookahead of step {step} to be published",
-                self.ingest_while_waiting,
-            )
-        if behind or self.worker is None:
+        if self.worker is None:
+            if self.window.last_step < step:
+                self.control.wait(
+                    WAIT_PUBLISHED, lambda: self.control.behind(PUBLISHED, step),
+                    f"the lookahead of step {step} to be published", self._ingest_meanwhile,
+                )  # fmt: skip
             self.ingest_available(through=step)
+        elif self.window.last_step < step:
+            self.control.wait(WAIT_PUBLISHED, lambda: self._not_ingested(step), f"the lookahead of step {step}", self._wake_worker)
+
+    def _ingest_meanwhile(self) -> bool:
+        """The ingester's wait for peers' publishes: fail if this rank failed, else ingest."""
+        self.check_failed()
+        return self.ingest_available()
+
+    def _not_ingested(self, step: int) -> List[int]:
+        """The ranks whose publish of ``step`` is missing; this rank while its worker has not ingested it."""
+        behind = self.control.behind(PUBLISHED, step)
+        return behind or ([] if self.window.last_step >= step else [self.control.rank])  # type: ignore[union-attr]
+
+    def _wake_worker(self) -> bool:
+        self.check_failed()
+        self.wake_ingester()
+        return False
 
     def retire(self, step: int) -> None:
         """Forget the reads of steps through ``step`` (flusher lock held)."""

@@ -56,6 +56,10 @@ class LookaheadWorker:
         """Queue step ``step``'s rows for publishing (steps arrive in order)."""
         self._worker.submit(lambda: self._publish(step, rows))
 
+    def wake(self) -> None:
+        """Ingest now: a wait depends on it."""
+        self._worker.wake()
+
     def _publish(self, step: int, rows: np.ndarray) -> None:
         try:
             self.publish(step, rows, self._while_waiting)

@@ -217,4 +217,4 @@ def test_on_a_cpu_device_every_rank_lives_in_host_memory():
     w = workload(world=2, nodes=1)
     c = CostModel(hw).predict(w, Plan("table_wise"))
     assert c.host_memory_bytes_per_node == pytest.approx(2 * c.memory_bytes_per_device)
-    assert hw.host_memory_bytes == pytest.approx(24 * 2**30)
+    assert hw.host_memory_bytes == pytest.approx(24 * 2**30, rel=0.05)  # what the OS reports of 24 GiB

@@ -100,6 +100,7 @@ def uninterrupted(tmp_path_factory) -> Tuple[Path, Dict[str, Any]]:
     return tmp / "ckpt", json.loads((tmp / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_dlrm_survives_a_sigkilled_rank(uninterrupted, tmp_path) -> None:
     ckpt_a, whole = uninterrupted
     before = set(list_segments())
@@ -132,6 +133,7 @@ def _fake_checkpoint(path: Path, step: Optional[int]) -> None:
         (path / checkpointing.MARKER).write_text(json.dumps({"step": step, "world_size": 2}))
 
 
+@pytest.mark.slow
 def test_dlrm_on_4_ranks_resumes_bit_for_bit(tmp_path) -> None:
     """With 4 ranks, gloo's ring all-reduce of the dense gradients adds in an order that depends on
     DDP's buckets: the examples keep the first ones (``Checkpointer.data_parallel_wrapper``), so the
@@ -176,6 +178,7 @@ def test_kill_hook_fires_on_the_first_attempt_only(monkeypatch) -> None:
         checkpointing.kill_step(1)
 
 
+@pytest.mark.slow
 def test_graph_resumes_where_it_stopped(tmp_path) -> None:
     def run(name: str, steps: int, ckpt: Path) -> Tuple[str, Dict[str, Any]]:
         out = torchrun(

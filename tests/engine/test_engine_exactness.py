@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import itertools
+from typing import Dict, Iterator
 
 import pytest
 
-from torchrec_frugal.host.launch import leaked_segments, run_ranks
-from engine_reference import Scenario, run_scenarios
+from rank_pool import RankPool
+from torchrec_frugal.host.launch import leaked_segments
+from engine_reference import Scenario, run_scenario
 
 STEPS = 1000
 TOL = 1e-5
@@ -61,41 +63,62 @@ def _matrix_4() -> list:
     ] + [Scenario(lookahead=10, cache_ratio=0.05, optimizer="sgd", steps=200, broken_lookahead=True)]
 
 
-def check_results(world: int, scenarios: list, results: list) -> None:
-    """Every read and the final host tables match the reference; the negative controls fail it."""
-    for i, sc in enumerate(scenarios):
-        per_rank = [results[r][i] for r in range(world)]
-        label = f"world={world} {sc}"
-        if sc.broken_lookahead:
-            # The reference check must catch stale host reads when the gate is skipped.
-            assert max(m["max_rel_read_error"] for m in per_rank) > 1e-3, label
-            continue
+def _label(sc: Scenario) -> str:
+    """A test id naming what the scenario sets beside its defaults."""
+    default = Scenario(lookahead=0, cache_ratio=0.0, optimizer="sgd", steps=STEPS)
+    parts = [f"L{sc.lookahead}", f"c{sc.cache_ratio:g}", sc.optimizer]
+    parts += [f"{k}={v}" for k, v in sorted(vars(sc).items()) if k not in ("lookahead", "cache_ratio", "optimizer") and v != getattr(default, k)]
+    return "-".join(parts)
+
+
+def check_result(world: int, sc: Scenario, per_rank: list) -> None:
+    """Every read and the final host tables match the reference; the negative control fails it."""
+    label = f"world={world} {sc}"
+    if sc.broken_lookahead:
+        # The reference check must catch stale host reads when the gate is skipped.
+        assert max(m["max_rel_read_error"] for m in per_rank) > 1e-3, label
+        return
+    for r, m in enumerate(per_rank):
+        assert m["max_rel_read_error"] <= TOL, (label, r, m)
+        assert m["host_vs_ref"] <= TOL, (label, r, m)
+        assert m["cache_vs_host"] == 0.0 and m["state_vs_host"] == 0.0, (label, r, m)
+        assert m["dynamic_after_flush"] == 0.0, (label, r, m)
+        if sc.cache_ratio > 0 or sc.in_host is False:
+            assert m["flushed_rows"] > 0, (label, r, m)  # the flush path really ran
+        if sc.lookahead > 0:
+            # Owners that update uncached rows in place never hold their writes: nobody
+            # announces reads of them. Otherwise every host read is announced.
+            if m["in_place"]:
+                assert m["window_uncached"] == 0, (label, r, m)
+            elif sc.cache_ratio < 1.0:
+                assert m["window_uncached"] > 0, (label, r, m)
+    step_ids = sc.ids_per_step * len(sc.table_rows)
+    if sc.mailbox_rows < step_ids:  # the records really grew, and no further than a step needs
         for r, m in enumerate(per_rank):
-            assert m["max_rel_read_error"] <= TOL, (label, r, m)
-            assert m["host_vs_ref"] <= TOL, (label, r, m)
-            assert m["cache_vs_host"] == 0.0 and m["state_vs_host"] == 0.0, (label, r, m)
-            assert m["dynamic_after_flush"] == 0.0, (label, r, m)
-            if sc.cache_ratio > 0 or sc.in_host is False:
-                assert m["flushed_rows"] > 0, (label, r, m)  # the flush path really ran
-            if sc.lookahead > 0:
-                # Owners that update uncached rows in place never hold their writes: nobody
-                # announces reads of them. Otherwise every host read is announced.
-                if m["in_place"]:
-                    assert m["window_uncached"] == 0, (label, r, m)
-                elif sc.cache_ratio < 1.0:
-                    assert m["window_uncached"] > 0, (label, r, m)
-        step_ids = sc.ids_per_step * len(sc.table_rows)
-        if sc.mailbox_rows < step_ids:  # the records really grew, and no further than a step needs
-            for r, m in enumerate(per_rank):
-                assert sc.mailbox_rows < m["grad_rows"] <= 2 * step_ids, (label, r, m)
-                assert sc.mailbox_rows < m["ring_rows"] <= 2 * step_ids, (label, r, m)
-        expected_cached = {0.0: 0, 0.05: 60 + 150, 1.0: (3000 + 1200) // world}[sc.cache_ratio]
-        assert per_rank[0]["cached_rows"] == expected_cached, label
+            assert sc.mailbox_rows < m["grad_rows"] <= 2 * step_ids, (label, r, m)
+            assert sc.mailbox_rows < m["ring_rows"] <= 2 * step_ids, (label, r, m)
+    expected_cached = {0.0: 0, 0.05: 60 + 150, 1.0: (3000 + 1200) // world}[sc.cache_ratio]
+    assert per_rank[0]["cached_rows"] == expected_cached, label
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_engine_matches_reference(world: int) -> None:
-    scenarios = _matrix_2() if world == 2 else _matrix_4()
-    results = run_ranks(world, run_scenarios, scenarios, timeout=1200)
-    check_results(world, scenarios, results)
+MATRIX = {2: _matrix_2(), 4: _matrix_4()}
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[Dict[int, RankPool]]:
+    """One pool of ranks per world size for the module."""
+    made = {world: RankPool(world, timeout=600) for world in MATRIX}
+    try:
+        yield made
+    finally:
+        for pool in made.values():
+            pool.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "world, sc", [(w, sc) for w, scs in MATRIX.items() for sc in scs], ids=[f"{w}-{_label(sc)}" for w, scs in MATRIX.items() for sc in scs]
+)
+def test_engine_matches_reference(pools: Dict[int, RankPool], world: int, sc: Scenario) -> None:
+    check_result(world, sc, pools[world].run(run_scenario, sc))
     assert leaked_segments() == []

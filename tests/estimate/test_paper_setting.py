@@ -52,6 +52,7 @@ def test_the_table_has_one_row_per_config_gpus_batch_and_cache_ratio(rows):
             assert ":fused_uvm" in r["stock"] and not r["stock_all"]["table_wise"]["fits"]
 
 
+@pytest.mark.slow
 def test_ratio_stock_and_lookahead_recomputed_with_the_cost_model(rows):
     cm = CostModel(RTX)
     for r in rows:

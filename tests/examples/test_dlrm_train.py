@@ -124,6 +124,7 @@ def test_the_cost_model_plans_the_run_and_the_pipeline_follows_its_lookahead(tmp
             assert plan["lookahead"] == 0 and plan["cache_ratio"] is None and s["frugal"] is None
 
 
+@pytest.mark.slow
 def test_two_nodes_train_frugal_row_wise_like_stock_row_wise():
     """Two torchrun launches (--nnodes 2, 2 ranks each) train the DLRM example with
     --sharding frugal_row_wise and with stock row_wise; both learn alike (from equal initial

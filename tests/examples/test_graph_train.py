@@ -60,6 +60,7 @@ def synthetic_runs(tmp_path_factory) -> Dict[str, Dict]:
     }
 
 
+@pytest.mark.slow
 def test_two_nodes_with_frugal_row_wise_train_stock_row_wise_tables(synthetic_runs) -> None:
     """frugal_row_wise on 2 nodes of 1 rank against stock row_wise on 2 ranks, which splits the
     entity table the same way: the same tables, to float rounding."""
@@ -111,6 +112,7 @@ REAL = ["--model", "complex", "--dim", "400", "--regularization", "3e-3", "--ste
         "--chunk-size", "64", "--negatives", "64", "--log-every", "0", "--seed", "0"]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["umls", "kinships"])
 def test_real_kg_frugal_matches_single_process_and_published_range(dataset: str, tmp_path) -> None:
     from examples.graph.data import DatasetUnavailableError, load_dataset

@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from examples.dlrm.train import parse_args  # noqa: E402
+from runs import Runs  # noqa: E402
 
 SUMMARY_FIELDS = ("sharder", "steps", "samples_per_second", "loss", "auc", "gate_stall_fraction")
 TINY = ["--scale", "0.001", "--batch-size", "64", "--steps", "40", "--warmup", "5", "--log-every", "20", "--threads", "1"]
@@ -47,8 +48,8 @@ SAME = TINY + ["--steps", "60", "--auc-window", "20", "--cache-ratio", "0.05", "
 
 
 @pytest.fixture(scope="module")
-def side_by_side(tmp_path_factory):
-    return {sh: torchrun(SAME + ["--sharder", sh], tmp_path_factory.mktemp(sh)) for sh in ("torchrec", "frugal")}
+def side_by_side(tmp_path_factory) -> Runs:
+    return Runs({sh: (lambda sh=sh: torchrun(SAME + ["--sharder", sh], tmp_path_factory.mktemp(sh))) for sh in ("torchrec", "frugal")})
 
 
 def test_train_torchrec_table_wise_dlrm_learns(side_by_side):

@@ -17,6 +17,7 @@ import torch
 from examples.graph.evaluate import published_range
 from examples.graph.models import KGEConfig, seeded_uniform_
 from examples.demo import run_train, run_train_nodes
+from runs import Runs
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "examples" / "graph" / "train.py"
 SYNTHETIC = [
@@ -48,16 +49,16 @@ def train(args: List[str], nproc: int, tmp: Path, name: str, nodes: int = 1) -> 
 
 
 @pytest.fixture(scope="module")
-def synthetic_runs(tmp_path_factory) -> Dict[str, Dict]:
+def synthetic_runs(tmp_path_factory) -> Runs:
     tmp = tmp_path_factory.mktemp("graph")
-    return {
-        "single": train(SYNTHETIC + ["--sharder", "torchrec"], 1, tmp, "single"),
-        "frugal": train(SYNTHETIC + ["--sharder", "frugal", "--cache-ratio", "0.05", "--lookahead", "4"], 2, tmp, "frugal"),
-        "table_wise": train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "table_wise"], 2, tmp, "table_wise"),
-        "row_wise": train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "row_wise"], 2, tmp, "row_wise"),
+    return Runs({
+        "single": lambda: train(SYNTHETIC + ["--sharder", "torchrec"], 1, tmp, "single"),
+        "frugal": lambda: train(SYNTHETIC + ["--sharder", "frugal", "--cache-ratio", "0.05", "--lookahead", "4"], 2, tmp, "frugal"),
+        "table_wise": lambda: train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "table_wise"], 2, tmp, "table_wise"),
+        "row_wise": lambda: train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "row_wise"], 2, tmp, "row_wise"),
         # two machines of one rank each, as two torchrun --nnodes launches
-        "frugal_row_wise": train(SYNTHETIC + ["--sharding", "frugal_row_wise"], 1, tmp, "frugal_row_wise", nodes=2),
-    }
+        "frugal_row_wise": lambda: train(SYNTHETIC + ["--sharding", "frugal_row_wise"], 1, tmp, "frugal_row_wise", nodes=2),
+    })
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The test harness's rank pool: a failing scenario fails alone, and the pool carries on."""
+"""The test harness: a failing scenario or run fails alone, and the rest carries on."""
 from __future__ import annotations
 
 import os
@@ -7,6 +7,7 @@ import pytest
 import torch.distributed as dist
 
 from rank_pool import RankPool, Scenarios
+from runs import Runs
 
 
 def _sum_of_ranks(rank: int, world: int, offset: int) -> tuple:
@@ -40,3 +41,23 @@ def test_a_failing_scenario_fails_alone_and_the_pool_respawns() -> None:
         assert results[0]["a"] is results[0]["a"]  # run once
     finally:
         pool.close()
+
+
+def test_runs_are_made_once_on_first_read_and_a_failure_stays_with_its_run() -> None:
+    made = []
+
+    def broken() -> None:
+        made.append("broken")
+        raise ValueError("run broken on purpose")
+
+    runs = Runs({"a": lambda: made.append("a") or len(made), "broken": broken})
+    assert made == []
+    assert runs["a"] == 1 and runs["a"] == 1 and made == ["a"]
+    with pytest.raises(RuntimeError, match="run 'broken' failed") as info:
+        runs["broken"]
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(RuntimeError, match="failed earlier"):
+        runs["broken"]
+    assert made == ["a", "broken"]
+    with pytest.raises(KeyError):
+        runs["missing"]

@@ -59,8 +59,9 @@ class FrugalCost:
     ) -> Tuple[Dict[str, float], float, Dict[str, float], Dict[str, float]]:
         """Frugal's step: device lookups of the rank's cached rows, host reads of every other
         distinct row, gradients exchanged through host memory, the owners' updates, the rows due
-        next step written on the training thread, the rest flushed in the background (on a CPU
-        device, which has no flusher thread, by the training thread too).
+        next step written before its gate opens (the exchange worker, which the gate waits for),
+        the rest flushed in the background (on a CPU device, which has no flusher thread, by the
+        exchange worker too).
         Returns (terms, bytes per device, seconds per step of each thread beside the step, details)."""
         W = w.world_size
         hw = self.hw

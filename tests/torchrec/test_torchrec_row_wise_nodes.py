@@ -208,7 +208,8 @@ def _hardware_plan(rank: int, world: int) -> Dict[str, Any]:
     return {
         "types": {name: ps.sharding_type for m in plan.plan.values() for name, ps in m.items()},  # type: ignore[attr-defined]
         "lookahead": planner.lookahead,
-        "sharder_lookahead": sharder.config.lookahead,
+        "sharder_lookahead": planner.sharders()[0].config.lookahead,  # type: ignore[attr-defined]
+        "given_lookahead": sharder.config.lookahead,  # the script's own config, left as it was
         "cache_ratio": planner.cache_ratio,
         "predicted": {k: c.samples_per_second for k, c in planner.predicted.items()},
         "bytes_between": planner.predicted["plan"].details["embedding_bytes_between_nodes_per_step"],
@@ -281,6 +282,7 @@ def test_the_planner_prices_the_nodes_with_a_hardware_profile(nodes: Scenarios) 
     if "frugal_row_wise" in first["types"].values():
         assert first["lookahead"] is not None and first["sharder_lookahead"] == first["lookahead"]
         assert 0 < first["cache_ratio"] <= 1.0 / (len(nodes) // 2)
+    assert first["given_lookahead"] == 0  # the planner configures copies, not the script's sharder
     for r in nodes[1:]:
         assert r["hardware_plan"] == first
 

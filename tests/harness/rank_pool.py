@@ -7,6 +7,7 @@ failure (a rank may be stuck in a collective its peer left) and respawned for th
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import queue
@@ -20,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 import torch.distributed as dist
 
+from runs import Runs
 from torchrec_frugal.host.launch import free_port, node_env
 from torchrec_frugal.host import shm
 
@@ -131,22 +133,11 @@ class Scenarios(Sequence[Mapping[str, Any]]):
 
     def __init__(self, pool: RankPool, scenarios: Mapping[str, Job]) -> None:
         self.pool = pool
-        self.scenarios = dict(scenarios)
-        self._done: Dict[str, List[Any]] = {}
-        self._failed: Dict[str, str] = {}
+        self.runs = Runs({name: functools.partial(pool.run, fn, *args) for name, (fn, args) in scenarios.items()}, "scenario")
 
     def results(self, name: str) -> List[Any]:
         """Scenario ``name``'s results by rank."""
-        if name in self._failed:
-            raise RuntimeError(f"scenario {name!r} failed earlier:\n{self._failed[name]}")
-        if name not in self._done:
-            fn, args = self.scenarios[name]
-            try:
-                self._done[name] = self.pool.run(fn, *args)
-            except RuntimeError as e:
-                self._failed[name] = str(e)
-                raise RuntimeError(f"scenario {name!r} failed:\n{e}") from None
-        return self._done[name]
+        return self.runs[name]
 
     def __len__(self) -> int:
         return self.pool.world
@@ -166,15 +157,13 @@ class _RankView(Mapping[str, Any]):
         self._scenarios, self._rank = scenarios, rank
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self._scenarios.scenarios:
-            raise KeyError(name)
-        return self._scenarios.results(name)[self._rank]
+        return self._scenarios.runs[name][self._rank]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._scenarios.scenarios)
+        return iter(self._scenarios.runs)
 
     def __len__(self) -> int:
-        return len(self._scenarios.scenarios)
+        return len(self._scenarios.runs)
 
 
 def pooled(world: int, jobs: Mapping[Any, Job], nodes: int = 1, timeout: float = 900.0) -> Iterator[Scenarios]:

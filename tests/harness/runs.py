@@ -13,14 +13,16 @@ from typing import Any, Callable, Dict, Iterator, Mapping
 class Runs(Mapping[str, Any]):
     """``runs[name]``: the result of ``makers[name]()``, made on first read."""
 
-    def __init__(self, makers: Mapping[str, Callable[[], Any]]) -> None:
+    def __init__(self, makers: Mapping[str, Callable[[], Any]], what: str = "run") -> None:
         self._makers = dict(makers)
+        self._what = what  # how a failure names it: "run", "scenario"
         self._done: Dict[str, Any] = {}
         self._failed: Dict[str, BaseException] = {}
 
     def __getitem__(self, name: str) -> Any:
         if name in self._failed:
-            raise RuntimeError(f"run {name!r} failed earlier") from self._failed[name]
+            e = self._failed[name]
+            raise RuntimeError(f"{self._what} {name!r} failed earlier:\n{e}") from e
         if name not in self._makers:
             raise KeyError(name)
         if name not in self._done:
@@ -28,7 +30,7 @@ class Runs(Mapping[str, Any]):
                 self._done[name] = self._makers[name]()
             except Exception as e:
                 self._failed[name] = e
-                raise RuntimeError(f"run {name!r} failed") from e
+                raise RuntimeError(f"{self._what} {name!r} failed:\n{e}") from e
         return self._done[name]
 
     def __iter__(self) -> Iterator[str]:

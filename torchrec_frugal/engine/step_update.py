@@ -100,7 +100,7 @@ class StepUpdate:
             if not worker.done_through(ticket):
                 return worker.wait_done(2e-3, ticket)
             feed.wake_ingester()
-            if not (feed.ingests_on_exchange or not self._flusher.workers):
+            if not feed.ingests_on_exchange and self._flusher.workers:
                 return False  # the lookahead worker and the flushers do what the gate waits for
             if worker.done_through(self._serving):
                 self._serving = worker.submit(lambda: self._guard(lambda: self.serve_gate(s)))

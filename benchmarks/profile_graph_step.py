@@ -2,7 +2,13 @@
 
 Launch like train.py (its arguments pass through); after ``--warmup`` steps the profiler records
 ``--profile-steps`` steps on every thread of each rank, and rank 0 prints, per thread, the top
-operators by self CPU time (ms per step) and the share of the step each thread spends in them:
+operators by self CPU time (ms per step) and the share of the step each thread spends in them.
+It also prints each thread's CPU time per step over the same steps, from the kernel's account
+(``/proc/self/task/*/schedstat``), by the thread's name: the engine's threads run no torch operators
+the profiler sees, and on a machine with as many cores as ranks their CPU is taken from the
+training threads. ``--no-ops`` leaves the profiler out (it slows the step) and keeps the CPU account;
+``--python-profile PATH`` adds a cProfile of the training thread's and the exchange worker's Python
+calls over those steps:
 
     torchrun --nproc_per_node=2 benchmarks/profile_graph_step.py --dataset synthetic \\
         --synthetic-entities 2000000 --synthetic-triples 8000000 --model transe_l2 --dim 400 \\
@@ -13,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import json
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -27,40 +36,126 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from examples.graph import train as graph_train  # noqa: E402
 
 
-class ProfiledPipeline:
-    """A train pipeline whose ``progress`` runs under the profiler from step ``start`` for ``steps`` steps."""
+def thread_cpu_ns() -> Dict[str, float]:
+    """CPU time (ns) of each thread of this process by name (Python's, or the kernel's ``comm`` for
+    threads Python did not start: gloo, OpenMP); threads of one name summed."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: Dict[str, float] = collections.defaultdict(float)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = float(f.read().split()[0])
+            name = names.get(int(tid))
+            if name is None:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = "native:" + f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[name.rstrip("0123456789-_") or name] += ns
+    return out
 
-    def __init__(self, pipeline: Any, start: int, steps: int) -> None:
-        self.pipeline, self.start, self.steps = pipeline, start, steps
+
+class ProfiledPipeline:
+    """A train pipeline whose ``progress`` runs under the profiler (``ops``) from step ``start``
+    for ``steps`` steps, with every thread's CPU time over those steps."""
+
+    def __init__(self, pipeline: Any, start: int, steps: int, ops: bool = True, python: Optional[str] = None) -> None:
+        self.pipeline, self.start, self.steps, self.ops = pipeline, start, steps, ops
+        self.python = python  # where the training thread's Python profile (cProfile) goes
+        self.cprofile: Optional[cProfile.Profile] = None
+        self._worker_profiles: List[cProfile.Profile] = []
         self.calls = 0
         self.prof: Optional[profile] = None
         self.step_s: List[float] = []
+        self.cpu_ns: Dict[str, float] = {}
+        self.wall_s = 0.0
+
+    @staticmethod
+    def _engines() -> List[Any]:
+        return RecordingStats.made[0].engines if RecordingStats.made else []
 
     def progress(self, batches: Any) -> Any:
         if self.calls == self.start:
-            self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
-            self.prof.__enter__()
+            if self.ops:
+                self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+                self.prof.__enter__()
+            self.cpu_ns, self.wall_s = thread_cpu_ns(), time.perf_counter()
+            if self.python:
+                self.cprofile = cProfile.Profile()
+                self.cprofile.enable()
+                for i, e in enumerate(self._engines()):  # cProfile follows the thread that enables it
+                    self._worker_profiles.append(cProfile.Profile())
+                    e.exchange_worker.submit(self._worker_profiles[i].enable)
         t0 = time.perf_counter()
         out = self.pipeline.progress(batches)
-        if self.prof is not None and len(self.step_s) < self.steps:
+        if self.start <= self.calls < self.start + self.steps:
             self.step_s.append(time.perf_counter() - t0)
         self.calls += 1
-        if self.calls == self.start + self.steps and self.prof is not None:
-            self.prof.__exit__(None, None, None)
+        if self.calls == self.start + self.steps:
+            after, self.wall_s = thread_cpu_ns(), time.perf_counter() - self.wall_s
+            self.cpu_ns = {k: v - self.cpu_ns.get(k, 0.0) for k, v in after.items()}
+            if self.prof is not None:
+                self.prof.__exit__(None, None, None)
+            if self.cprofile is not None:
+                self.cprofile.disable()
+                self.cprofile.dump_stats(f"{self.python}.rank{dist.get_rank()}")
+                for e, wp in zip(self._engines(), self._worker_profiles):
+                    e.exchange_worker.submit(wp.disable)
+                    e.drain()
+                    wp.dump_stats(f"{self.python}.exchange.rank{dist.get_rank()}")
         return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.pipeline, name)
 
 
-def report(prof: profile, steps: int, step_s: List[float], top: int) -> Dict[str, Any]:
-    """Self CPU time per (thread, operator), ms per step; threads ordered by their total."""
-    by_thread: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for e in prof.events():
-        by_thread[int(e.thread)][e.name] += e.self_cpu_time_total / 1e3 / steps
-    out: Dict[str, Any] = {"step_ms_median": 1e3 * sorted(step_s)[len(step_s) // 2], "threads": {}}
-    for tid, ops in sorted(by_thread.items(), key=lambda kv: -sum(kv[1].values())):
-        out["threads"][str(tid)] = {"total_ms": sum(ops.values()), "top": ops.most_common(top)}
+class RecordingStats(graph_train.FrugalStats):
+    """train.py's FrugalStats, keeping every step's engine metrics (the engine's phases per step)."""
+
+    made: List["RecordingStats"] = []
+
+    def __init__(self, model: Any) -> None:
+        self.metrics: List[Any] = []
+        super().__init__(model)
+        RecordingStats.made.append(self)
+
+    def _add(self, i: int, m: Any) -> None:
+        super()._add(i, m)
+        self.metrics.append(m)
+
+
+def engine_phases(metrics: List[Any], first_step: int) -> Dict[str, float]:
+    """Mean ms a step of each engine phase and wait over the steps from ``first_step`` (all engines)."""
+    timed = [m for m in metrics if m.step >= first_step]
+    steps = len({m.step for m in timed})
+    out: Dict[str, float] = collections.defaultdict(float)
+    for m in timed:
+        for k, v in m.phase_s.items():
+            out[k] += 1e3 * v / steps
+        for k, v in m.wait_s.items():
+            out[f"wait_{k}"] += 1e3 * v / steps
+        for k in ("gate_wait_s", "exchange_wait_s", "exchange_flush_s", "flusher_flush_s"):
+            out[k[:-2]] += 1e3 * getattr(m, k) / steps
+        out["rows_flushed"] += m.rows_flushed / steps
+    return dict(out)
+
+
+def report(p: ProfiledPipeline, top: int) -> Dict[str, Any]:
+    """Self CPU time per (thread, operator), ms per step, threads ordered by their total; and each
+    named thread's CPU time, ms per step."""
+    steps = len(p.step_s)
+    out: Dict[str, Any] = {
+        "step_ms_median": 1e3 * sorted(p.step_s)[steps // 2],
+        "wall_ms_per_step": 1e3 * p.wall_s / steps,
+        "thread_cpu_ms_per_step": {k: v / 1e6 / steps for k, v in sorted(p.cpu_ns.items(), key=lambda kv: -kv[1]) if v > 0},
+        "threads": {},
+    }
+    if p.prof is not None:
+        by_thread: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        for e in p.prof.events():
+            by_thread[int(e.thread)][e.name] += e.self_cpu_time_total / 1e3 / steps
+        for tid, ops in sorted(by_thread.items(), key=lambda kv: -sum(kv[1].values())):
+            out["threads"][str(tid)] = {"total_ms": sum(ops.values()), "top": ops.most_common(top)}
     return out
 
 
@@ -69,22 +164,34 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=30)
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--profile-json", default=None)
+    ap.add_argument("--no-ops", action="store_true", help="no torch.profiler: the threads' CPU time alone")
+    ap.add_argument("--python-profile", default=None, metavar="PATH",
+                    help="also profile the Python calls (cProfile) of the training thread to PATH.rank<r> "
+                         "and of the exchange worker to PATH.exchange.rank<r>")
     mine, rest = ap.parse_known_args()
     args = graph_train.parse_args(rest)
     made: List[ProfiledPipeline] = []
     stock = graph_train.train_pipeline
 
     def wrapped(*a: Any, **k: Any) -> ProfiledPipeline:
-        made.append(ProfiledPipeline(stock(*a, **k), args.warmup, mine.profile_steps))
+        made.append(ProfiledPipeline(stock(*a, **k), args.warmup, mine.profile_steps, not mine.no_ops,
+                                      mine.python_profile))
         return made[-1]
 
     graph_train.train_pipeline = wrapped  # type: ignore[assignment]
+    graph_train.FrugalStats = RecordingStats  # type: ignore[misc]
     summary = graph_train.train(args)
     p = made[0]
-    if dist.get_rank() == 0 and p.prof is not None:
-        rep = report(p.prof, len(p.step_s), p.step_s, mine.profile_top)
+    if dist.get_rank() == 0 and p.step_s:
+        rep = report(p, mine.profile_top)
         rep["samples_per_second"] = summary["samples_per_second"]
+        if RecordingStats.made and RecordingStats.made[0].engines:
+            rep["engine_ms_per_step"] = engine_phases(RecordingStats.made[0].metrics, args.warmup)
         print(f"[profile] step median {rep['step_ms_median']:.2f} ms; {summary['samples_per_second']:,.0f} triples/s")
+        print(f"[profile] CPU per step by thread (wall {rep['wall_ms_per_step']:.2f} ms/step): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in rep["thread_cpu_ms_per_step"].items()))
+        if "engine_ms_per_step" in rep:
+            print("[profile] engine, ms per step: " + ", ".join(f"{k} {v:.2f}" for k, v in rep["engine_ms_per_step"].items()))
         for tid, t in rep["threads"].items():
             print(f"[profile] thread {tid}: {t['total_ms']:.2f} ms/step self CPU")
             for name, ms in t["top"]:

@@ -39,9 +39,13 @@ def sum_owned(
         parts_r.append(box["g_rows"][lo:hi].numpy())
         parts_g.append(box["g_grads"][lo:hi])
     rows, inverse = merge_unique(parts_r)
-    summed = torch.zeros(rows.shape[0], dim, dtype=torch.float32).index_add_(
-        0, torch.from_numpy(inverse), torch.cat(parts_g)
-    )
+    summed = torch.zeros(rows.shape[0], dim, dtype=torch.float32)
+    # rank by rank into the sum, in rank order: the sums of one index_add_ over the parts
+    # concatenated, without copying them into one tensor first
+    at = 0
+    for g in parts_g:
+        summed.index_add_(0, torch.from_numpy(inverse[at : at + g.shape[0]]), g)
+        at += g.shape[0]
     return rows, summed
 
 

@@ -100,7 +100,7 @@ class PooledRowsFunction(torch.autograd.Function):
             bag_of_value = torch.arange(lengths.numel(), device=grad.device).repeat_interleave(
                 lengths.to(grad.device), output_size=inverse.numel()
             )
-            grad_weights = (grad[bag_of_value] * rows.detach()[inverse]).sum(1)
+            grad_weights = (grad.index_select(0, bag_of_value) * rows.detach().index_select(0, inverse)).sum(1)
         return grad_rows, grad_weights, None, None, None, None
 
 
@@ -113,7 +113,7 @@ class GatheredRowsFunction(torch.autograd.Function):
         ctx: Any, rows: torch.Tensor, inverse: torch.Tensor, transposed: Optional[TransposedBags]
     ) -> torch.Tensor:
         ctx.bags = (rows.shape[0], inverse, transposed)
-        return rows[inverse]
+        return rows.index_select(0, inverse)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
@@ -137,7 +137,8 @@ def pool_rows(
 
 
 def gather_rows(rows: torch.Tensor, inverse: torch.Tensor, transposed: Optional[TransposedBags] = None) -> torch.Tensor:
-    """``rows[inverse]``, its backward a transposed pooling."""
+    """``rows[inverse]``, its backward a transposed pooling (the copy by ``index_select``: several
+    times faster than indexing on CPU, docs/performance.md)."""
     if not rows.requires_grad:
-        return rows[inverse]
+        return rows.index_select(0, inverse)
     return GatheredRowsFunction.apply(rows, inverse, transposed)

@@ -22,7 +22,7 @@ negatives.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.fx
@@ -148,7 +148,9 @@ class KGBatch(Pipelineable):
 
     ``entities`` holds, in this order, the ``b`` anchors, the ``b`` true entities of the corrupted
     side, and the chunks' negatives (``b // k * m`` ids), one id per bag. ``sign`` is +1 when the
-    tails are corrupted (anchor = head) and -1 when the heads are.
+    tails are corrupted (anchor = head) and -1 when the heads are. ``step_relations``: the
+    relations of the whole step, every rank's positives (the sampler draws the global batch), so
+    that the relation table knows the rows every rank updates without asking its peers.
     """
 
     entities: KeyedJaggedTensor
@@ -156,6 +158,7 @@ class KGBatch(Pipelineable):
     sign: torch.Tensor
     chunk_size: int
     negatives: int
+    step_relations: torch.Tensor
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "KGBatch":
         return KGBatch(
@@ -164,23 +167,28 @@ class KGBatch(Pipelineable):
             sign=self.sign.to(device=device, non_blocking=non_blocking),
             chunk_size=self.chunk_size,
             negatives=self.negatives,
+            step_relations=self.step_relations.to(device=device, non_blocking=non_blocking),
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
         self.entities.record_stream(stream)
         self.relations.record_stream(stream)  # type: ignore[arg-type]
         self.sign.record_stream(stream)  # type: ignore[arg-type]
+        self.step_relations.record_stream(stream)  # type: ignore[arg-type]
 
     def pin_memory(self) -> "KGBatch":
         return KGBatch(
-            self.entities.pin_memory(), self.relations.pin_memory(), self.sign.pin_memory(), self.chunk_size, self.negatives
-        )
+            self.entities.pin_memory(), self.relations.pin_memory(), self.sign.pin_memory(), self.chunk_size,
+            self.negatives, self.step_relations.pin_memory(),
+        )  # fmt: skip
 
 
 def make_batch(
-    anchors: torch.Tensor, relations: torch.Tensor, trues: torch.Tensor, negatives: torch.Tensor, corrupt_heads: bool
+    anchors: torch.Tensor, relations: torch.Tensor, trues: torch.Tensor, negatives: torch.Tensor, corrupt_heads: bool,
+    step_relations: Optional[torch.Tensor] = None,
 ) -> KGBatch:
-    """A :class:`KGBatch` from ids: ``negatives`` is ``[chunks, m]`` and ``anchors`` splits evenly into chunks."""
+    """A :class:`KGBatch` from ids: ``negatives`` is ``[chunks, m]`` and ``anchors`` splits evenly into
+    chunks; ``step_relations``: the step's relations on every rank (None: this batch is the step's)."""  # fmt: skip
     chunks, m = negatives.shape
     b = anchors.numel()
     if chunks == 0 or b % chunks:
@@ -190,27 +198,33 @@ def make_batch(
         keys=[ENTITY_FEATURE], values=ids, lengths=torch.ones(ids.numel(), dtype=torch.int32)
     )
     sign = torch.tensor([-1.0 if corrupt_heads else 1.0])
-    return KGBatch(entities=kjt, relations=relations.to(torch.int64), sign=sign, chunk_size=b // chunks, negatives=m)
+    relations = relations.to(torch.int64).contiguous()
+    step = relations if step_relations is None else step_relations.to(torch.int64).contiguous()
+    return KGBatch(entities=kjt, relations=relations, sign=sign, chunk_size=b // chunks, negatives=m, step_relations=step)
 
 
 def pack_batch(batch: KGBatch) -> torch.Tensor:
-    """A batch's entity ids, relations and sign in one byte buffer (ids first, 8-byte aligned).
+    """A batch's entity ids, relations, the step's relations and sign in one byte buffer (8-byte
+    aligned, the sign last).
 
     A DataLoader worker sends every tensor of what it returns as a shared-memory segment of its
     own, each received through a connection to the worker: one a batch instead of five (the
     KJT's lengths and offsets, the same every batch, are rebuilt on the receiving side)."""
-    parts = (batch.entities.values().to(torch.int64), batch.relations.to(torch.int64), batch.sign.to(torch.float32))
+    parts = (batch.entities.values().to(torch.int64), batch.relations.to(torch.int64),
+             batch.step_relations.to(torch.int64), batch.sign.to(torch.float32))  # fmt: skip
     return torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in parts])
 
 
 class PackedBatches:
     """Batches of one shape as :func:`pack_batch` packed them: views of the buffer, no copy.
 
-    The KJT's lengths and offsets (one id a bag) are made once, page-locked if the buffers are."""
+    ``step_positives``: the positives of the whole step (every rank's). The KJT's lengths and
+    offsets (one id a bag) are made once, page-locked if the buffers are."""
 
-    def __init__(self, positives: int, chunk_size: int, negatives: int) -> None:
+    def __init__(self, positives: int, chunk_size: int, negatives: int, step_positives: int) -> None:
         self.num_ids = 2 * positives + positives // chunk_size * negatives
         self.positives, self.chunk_size, self.negatives = positives, chunk_size, negatives
+        self.step_positives = step_positives
         self._lengths = torch.ones(self.num_ids, dtype=torch.int32)
         self._offsets = torch.arange(self.num_ids + 1, dtype=torch.int32)
 
@@ -219,6 +233,7 @@ class PackedBatches:
             self._lengths, self._offsets = self._lengths.pin_memory(), self._offsets.pin_memory()
         ids_end = 8 * self.num_ids
         relations_end = ids_end + 8 * self.positives
+        step_end = relations_end + 8 * self.step_positives
         n = self.num_ids
         kjt = KeyedJaggedTensor(
             keys=[ENTITY_FEATURE], values=packed[:ids_end].view(torch.int64), lengths=self._lengths,
@@ -227,9 +242,10 @@ class PackedBatches:
         return KGBatch(
             entities=kjt,
             relations=packed[ids_end:relations_end].view(torch.int64),
-            sign=packed[relations_end : relations_end + 4].view(torch.float32),
+            sign=packed[step_end : step_end + 4].view(torch.float32),
             chunk_size=self.chunk_size,
             negatives=self.negatives,
+            step_relations=packed[relations_end:step_end].view(torch.int64),
         )
 
 
@@ -256,9 +272,9 @@ class RelationTable(nn.Module):
     A dense ``nn.Embedding`` under DDP all-reduces and steps every row every step, though a step
     touches a few hundred of them: an untouched row has a zero gradient, which leaves it and its
     Adagrad sum as they were. Here the backward sums each row's gradient on the union of the ranks'
-    relation ids, divides it by the world size and all-reduces it (as DDP does, on those rows
-    alone), then applies Adagrad's operations to those rows: the table trains as the dense one. The
-    ranks' ids are gathered while the forward and backward go on, started by the lookup.
+    relation ids (the step's relations, which every rank's batch carries: no collective to learn
+    them), divides it by the world size and all-reduces it (as DDP does, on those rows alone), then
+    applies Adagrad's operations to those rows: the table trains as the dense one.
     ``weight`` and the Adagrad ``sum`` are buffers, so they are checkpointed with the model.
     """
 
@@ -269,27 +285,25 @@ class RelationTable(nn.Module):
         self.lr, self.eps = lr, eps
         self.group: Optional[dist.ProcessGroup] = None  # the ranks that share the table; None: this process alone
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return lookup_relations(self, ids)
-
-    def gather_ids(self, ids: torch.Tensor) -> Tuple[Optional[dist.Work], List[torch.Tensor]]:
-        """Start gathering every rank's ``ids`` (a step's rows are their union), to finish in :meth:`step`."""
-        if self.group is None or dist.get_world_size(self.group) == 1:
-            return None, [ids]
-        everyone = [torch.empty_like(ids) for _ in range(dist.get_world_size(self.group))]
-        return dist.all_gather(everyone, ids, group=self.group, async_op=True), everyone
+    def forward(self, ids: torch.Tensor, step_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Rows ``ids``; ``step_ids``: the relations of the step on every rank (None: ``ids``, a
+        process alone)."""
+        return lookup_relations(self, ids, ids if step_ids is None else step_ids)
 
     @torch.no_grad()
-    def step(self, ids: torch.Tensor, grad: torch.Tensor, gathered: Tuple[Optional[dist.Work], List[torch.Tensor]]) -> None:
-        """Adagrad on the rows of every rank's ids (``gathered``), with the gradient ``grad`` of this rank's ``ids``."""
-        work, everyone = gathered
-        if work is not None:
-            work.wait()
-        rows = torch.unique(torch.cat(everyone))
+    def step(self, ids: torch.Tensor, grad: torch.Tensor, step_ids: torch.Tensor) -> None:
+        """Adagrad on the rows of ``step_ids`` (the step's relations on every rank), with the
+        gradient ``grad`` of this rank's ``ids``."""
+        rows = torch.unique(step_ids)
+        at = torch.searchsorted(rows, ids).clamp_(max=max(rows.numel() - 1, 0))
+        if ids.numel() and (rows.numel() == 0 or not torch.equal(rows.index_select(0, at), ids)):
+            bad = ids if rows.numel() == 0 else ids[rows.index_select(0, at) != ids]
+            raise ValueError(f"relation(s) {bad[:5].tolist()} of this rank's batch are not among the step's relations")
         g = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
-        g.index_add_(0, torch.searchsorted(rows, ids), grad)
-        if work is not None:
-            g.div_(len(everyone))
+        g.index_add_(0, at, grad)
+        world = 1 if self.group is None else dist.get_world_size(self.group)
+        if world > 1:
+            g.div_(world)
             dist.all_reduce(g, group=self.group)
         state = self.sum.index_select(0, rows).addcmul_(g, g, value=1)
         weight = self.weight.index_select(0, rows).addcdiv_(g, state.sqrt().add_(self.eps), value=-self.lr)
@@ -302,23 +316,23 @@ class _RelationRows(torch.autograd.Function):
     that requires grad, makes autograd call it: the table's buffers take no gradient)."""
 
     @staticmethod
-    def forward(ctx: Any, table: RelationTable, ids: torch.Tensor, trigger: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, table: RelationTable, ids: torch.Tensor, step_ids: torch.Tensor, trigger: torch.Tensor) -> torch.Tensor:
         ctx.table = table
-        ctx.gathered = table.gather_ids(ids) if trigger.requires_grad else None  # under way while the step goes on
-        ctx.save_for_backward(ids)
+        ctx.save_for_backward(ids, step_ids)
         return table.weight.index_select(0, ids)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None]:
-        (ids,) = ctx.saved_tensors
-        ctx.table.step(ids, grad.contiguous(), ctx.gathered)
-        return None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None, None]:
+        ids, step_ids = ctx.saved_tensors
+        ctx.table.step(ids, grad.contiguous(), step_ids)
+        return None, None, None, None
 
 
-def lookup_relations(table: RelationTable, ids: torch.Tensor) -> torch.Tensor:
-    """``table``'s rows ``ids``, its update in their backward (one call for TorchRec's tracer)."""
+def lookup_relations(table: RelationTable, ids: torch.Tensor, step_ids: torch.Tensor) -> torch.Tensor:
+    """``table``'s rows ``ids``, its update in their backward (one call for TorchRec's tracer);
+    ``step_ids``: the step's relations on every rank."""
     trigger = torch.empty(0, device=ids.device, requires_grad=torch.is_grad_enabled())
-    return _RelationRows.apply(table, ids, trigger)
+    return _RelationRows.apply(table, ids, step_ids, trigger)
 
 
 torch.fx.wrap("lookup_relations")
@@ -352,7 +366,7 @@ class KGEModel(nn.Module):
         b = batch.relations.shape[0]
         # one split, not three slices: each slice's backward would fill a zero tensor of emb's size
         anchor, true, negs = emb.split([b, b, emb.shape[0] - 2 * b])
-        rel = self.relations(batch.relations)
+        rel = self.relations(batch.relations, batch.step_relations)
         q = query(cfg, anchor, rel, batch.sign)
         positive = score_pairs(cfg, q, true)
         chunks = negs.shape[0] // batch.negatives

@@ -88,7 +88,7 @@ class ChunkedNegativeSampler:
         mine = triples[lo:hi]
         corrupt_heads = step % 2 == 1
         anchors, trues = (mine[:, 2], mine[:, 0]) if corrupt_heads else (mine[:, 0], mine[:, 2])
-        return make_batch(anchors, mine[:, 1], trues, negatives[rank * c : (rank + 1) * c], corrupt_heads)
+        return make_batch(anchors, mine[:, 1], trues, negatives[rank * c : (rank + 1) * c], corrupt_heads, triples[:, 1])
 
     def batches(self, rank: int, steps: int, start: int = 0, workers: int = 0, pin: bool = False) -> Iterator[KGBatch]:
         """Rank ``rank``'s batches of steps ``start .. start + steps - 1``, in order.
@@ -106,7 +106,7 @@ class ChunkedNegativeSampler:
                 _RankSteps(self, rank, start, steps), batch_size=None, num_workers=workers, prefetch_factor=4,
                 pin_memory=pin, generator=torch.Generator().manual_seed(0),
             )  # fmt: skip
-            packed = PackedBatches(self.chunks_per_rank * self.chunk_size, self.chunk_size, self.negatives)
+            packed = PackedBatches(self.chunks_per_rank * self.chunk_size, self.chunk_size, self.negatives, self.batch_size)
             return map(packed.unpack, loader)
         return (self.rank_batch(step, rank) for step in range(start, start + steps))
 

@@ -139,6 +139,7 @@ def assert_same_batch(a: KGBatch, b: KGBatch) -> None:
         (a.entities.lengths(), b.entities.lengths()),
         (a.entities.offsets(), b.entities.offsets()),
         (a.relations, b.relations),
+        (a.step_relations, b.step_relations),
         (a.sign, b.sign),
     ):
         assert x.dtype == y.dtype and torch.equal(x, y)
@@ -164,14 +165,30 @@ def test_loader_workers_make_the_training_threads_batches() -> None:
         assert_same_batch(a, b)
         assert_same_batch(a, copy.rank_batch(step, 1))
     assert float(made[0].sign) == -1.0 and float(made[1].sign) == 1.0  # step 3 corrupts heads
-    for b in made:  # each sent as one buffer: ids, relations and sign are views of it
+    for b in made:  # each sent as one buffer: ids, relations, the step's relations and sign are views of it
         storage = b.entities.values().untyped_storage().data_ptr()
         assert b.relations.untyped_storage().data_ptr() == storage == b.sign.untyped_storage().data_ptr()
+        assert b.step_relations.untyped_storage().data_ptr() == storage
     partial = sampler.batches(1, 7, start=3, workers=1)
     assert_same_batch(next(partial), inline[0])
     del partial  # as train.py ends: its workers stop
     gc.collect()
     assert set(multiprocessing.active_children()) == children
+
+
+def test_batches_carry_the_steps_relations_of_every_rank() -> None:
+    """Each rank's batch carries the relations of the whole step (what the relation table updates
+    on every rank), in every rank's batch alike; a relation outside them is refused by name."""
+    g = torch.Generator().manual_seed(0)
+    train = torch.stack([torch.randint(0, 50, (300,), generator=g), torch.randint(0, 9, (300,), generator=g), torch.randint(0, 50, (300,), generator=g)], 1)
+    sampler = ChunkedNegativeSampler(train, 50, batch_size=64, chunk_size=8, negatives=5, world_size=2, seed=1)
+    for step in range(3):
+        mine = [sampler.rank_batch(step, r) for r in range(2)]
+        union = torch.cat([b.relations for b in mine])
+        assert torch.equal(mine[0].step_relations, union) and torch.equal(mine[1].step_relations, union)
+    table = RelationTable(9, 4, lr=0.1, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"relation\(s\) \[7\] of this rank's batch"):
+        table(torch.tensor([1, 7]), torch.tensor([1, 2, 1])).sum().backward()
 
 
 def test_relation_table_steps_as_dense_adagrad_bit_for_bit() -> None:

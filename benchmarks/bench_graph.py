@@ -59,7 +59,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
@@ -239,6 +239,12 @@ def pbg_config(args: argparse.Namespace, root: Path, checkpoint: Path, edge_chun
     return path
 
 
+def _posix_semaphores() -> Set[str]:
+    """Names of the multiprocessing semaphores in /dev/shm (Linux; empty elsewhere)."""
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("sem.mp-*")} if shm.is_dir() else set()
+
+
 def run_pbg(args: argparse.Namespace, threads: int, timeout: float) -> Dict[str, Any]:
     """One PBG training run, stopped after its second edge chunk: PBG's compute-only rate of that chunk
     (the first is its warm-up: its workers start, import and touch the table while it is timed)."""
@@ -249,6 +255,7 @@ def run_pbg(args: argparse.Namespace, threads: int, timeout: float) -> Dict[str,
         config = pbg_config(args, root, Path(tmp) / "checkpoint", chunks)
         cmd = [str(bin_dir / "torchbiggraph_train"), str(config)]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
+        semaphores = _posix_semaphores()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)  # fmt: skip
@@ -269,6 +276,10 @@ def run_pbg(args: argparse.Namespace, threads: int, timeout: float) -> Dict[str,
             timer.cancel()
             os.killpg(proc.pid, signal.SIGKILL)  # PBG and its Hogwild workers, before the checkpoint
             proc.wait()
+            # killed, PBG's processes leave their multiprocessing semaphores behind: unlink the ones
+            # that appeared during the run (nothing else of the benchmark runs meanwhile)
+            for name in _posix_semaphores() - semaphores:
+                Path("/dev/shm", name).unlink(missing_ok=True)
         if len(chunks_seen) < 2:
             raise TrainRunError(f"PBG printed no second edge chunk: {' '.join(cmd)}\n...{''.join(log)[-4000:]}")
     n, s = int(chunks_seen[1].group(1)), float(chunks_seen[1].group(2))

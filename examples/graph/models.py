@@ -188,7 +188,7 @@ def make_batch(
     step_relations: Optional[torch.Tensor] = None,
 ) -> KGBatch:
     """A :class:`KGBatch` from ids: ``negatives`` is ``[chunks, m]`` and ``anchors`` splits evenly into
-    chunks; ``step_relations``: the step's relations on every rank (None: this batch is the step's)."""  # fmt: skip
+    chunks; ``step_relations``: the step's relations on every rank (None: this batch is the step's)."""
     chunks, m = negatives.shape
     b = anchors.numel()
     if chunks == 0 or b % chunks:
@@ -296,8 +296,9 @@ class RelationTable(nn.Module):
         gradient ``grad`` of this rank's ``ids``."""
         rows = torch.unique(step_ids)
         at = torch.searchsorted(rows, ids).clamp_(max=max(rows.numel() - 1, 0))
-        if ids.numel() and (rows.numel() == 0 or not torch.equal(rows.index_select(0, at), ids)):
-            bad = ids if rows.numel() == 0 else ids[rows.index_select(0, at) != ids]
+        found = rows.index_select(0, at) if rows.numel() else torch.full_like(ids, -1)
+        if not torch.equal(found, ids):
+            bad = ids[found != ids]
             raise ValueError(f"relation(s) {bad[:5].tolist()} of this rank's batch are not among the step's relations")
         g = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
         g.index_add_(0, at, grad)

@@ -16,7 +16,7 @@ one form into the other without control flow (TorchRec's pipeline traces the for
 - ComplEx: ``Re(<a * r', conj(c)>)`` with ``r' = r`` for tails and ``conj(r)`` for heads
 
 Negatives are shared within a chunk of positives (as DGL-KE samples them), so a chunk's
-negative scores are one batched matrix product (or ``cdist``) of its queries against its
+negative scores are one batched matrix product (or L1 ``cdist``) of its queries against its
 negatives.
 """
 from __future__ import annotations
@@ -117,10 +117,36 @@ def score_pairs(cfg: KGEConfig, q: torch.Tensor, candidate: torch.Tensor) -> tor
     return (q * candidate).sum(-1)
 
 
+class _L2Distances(torch.autograd.Function):
+    """Euclidean distances of every query to every candidate of its group, ``[g, k, m]``, as
+    ``cdist``'s matrix-product form (``|q|^2 + |c|^2 - 2 q.c``) computes them, with the backward
+    written out: one batched product each way. ``cdist``'s autograd goes through its padded
+    operands (two concatenations, their slices, a clamp's mask): 4.5 against 2.7 ms forward and
+    backward for the benchmark's 4 chunks of 128 x 128 x 400, one thread."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        norms = (q * q).sum(-1).unsqueeze(2) + (c * c).sum(-1).unsqueeze(1)
+        d = torch.baddbmm(norms, q, c.transpose(1, 2), alpha=-2.0).clamp_min_(1e-30).sqrt_()
+        ctx.save_for_backward(q, c, d)
+        return d
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        # d d_ij / d q_i = (q_i - c_j) / d_ij: with v = grad / d, dq = rowsum(v) q - v c (dc alike)
+        q, c, d = ctx.saved_tensors
+        v = (grad / d).masked_fill_(d <= 1e-15, 0.0)  # a clamped distance passes no gradient
+        dq = torch.baddbmm(q * v.sum(2, keepdim=True), v, c, alpha=-1.0)
+        dc = torch.baddbmm(c * v.sum(1).unsqueeze(2), v.transpose(1, 2), q, alpha=-1.0)
+        return dq, dc
+
+
 def score_candidates(cfg: KGEConfig, q: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """Scores of every query against every candidate of its group: ``[g, k, d] x [g, m, d] -> [g, k, m]``."""
-    if cfg.model.startswith("transe"):
-        return cfg.gamma - torch.cdist(q, candidates, p=_p(cfg))
+    if cfg.model == "transe_l2":
+        return cfg.gamma - _L2Distances.apply(q, candidates)
+    if cfg.model == "transe_l1":
+        return cfg.gamma - torch.cdist(q, candidates, p=1.0)
     return torch.bmm(q, candidates.transpose(1, 2))
 
 

@@ -302,6 +302,12 @@ class RelationTable(nn.Module):
     them), divides it by the world size and all-reduces it (as DDP does, on those rows alone), then
     applies Adagrad's operations to those rows: the table trains as the dense one.
     ``weight`` and the Adagrad ``sum`` are buffers, so they are checkpointed with the model.
+
+    Among ranks the all-reduce is left running when the backward returns, and the update waits
+    for it where the table is next read (:meth:`settle`: the next forward, a state dict, the
+    caller's evaluation). The backward then does not stop where the ranks meet: on a machine
+    whose cores the ranks share, the wait there was time neither rank used. The same sums,
+    applied in the same order before any read, so the same tables.
     """
 
     def __init__(self, num_relations: int, dim: int, lr: float, device: torch.device, eps: float = 1e-10) -> None:
@@ -310,6 +316,10 @@ class RelationTable(nn.Module):
         self.register_buffer("sum", torch.zeros(num_relations, dim, device=device))
         self.lr, self.eps = lr, eps
         self.group: Optional[dist.ProcessGroup] = None  # the ranks that share the table; None: this process alone
+        # the update of the last backward while its all-reduce runs: (rows, summed gradient, the all-reduce)
+        self._pending: Optional[Tuple[torch.Tensor, torch.Tensor, dist.Work]] = None
+        self.register_state_dict_pre_hook(lambda module, *_: module.settle())
+        self._register_load_state_dict_pre_hook(lambda *_: self.settle())
 
     def forward(self, ids: torch.Tensor, step_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Rows ``ids``; ``step_ids``: the relations of the step on every rank (None: ``ids``, a
@@ -329,9 +339,23 @@ class RelationTable(nn.Module):
         g = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
         g.index_add_(0, at, grad)
         world = 1 if self.group is None else dist.get_world_size(self.group)
+        self.settle()
         if world > 1:
             g.div_(world)
-            dist.all_reduce(g, group=self.group)
+            self._pending = (rows, g, dist.all_reduce(g, group=self.group, async_op=True))
+        else:
+            self._adagrad(rows, g)
+
+    @torch.no_grad()
+    def settle(self) -> None:
+        """Finish the update whose all-reduce is still running (before the table is read)."""
+        if self._pending is not None:
+            rows, g, work = self._pending
+            self._pending = None
+            work.wait()
+            self._adagrad(rows, g)
+
+    def _adagrad(self, rows: torch.Tensor, g: torch.Tensor) -> None:
         state = self.sum.index_select(0, rows).addcmul_(g, g, value=1)
         weight = self.weight.index_select(0, rows).addcdiv_(g, state.sqrt().add_(self.eps), value=-self.lr)
         self.sum.index_copy_(0, rows, state)
@@ -346,6 +370,7 @@ class _RelationRows(torch.autograd.Function):
     def forward(ctx: Any, table: RelationTable, ids: torch.Tensor, step_ids: torch.Tensor, trigger: torch.Tensor) -> torch.Tensor:
         ctx.table = table
         ctx.save_for_backward(ids, step_ids)
+        table.settle()
         return table.weight.index_select(0, ids)
 
     @staticmethod

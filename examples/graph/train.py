@@ -419,6 +419,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
     need_tables = not args.no_eval or args.save_entities
     entities = full_entity_table(dmp) if need_tables else torch.empty(0)
+    model.relations.settle()  # the last step's update
     relations = model.relations.weight.detach().float().cpu().clone()
     metrics: Dict[str, Any] = {k: None for k in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10", "mean_rank", "count")}
     eval_s = 0.0

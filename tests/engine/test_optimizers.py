@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchrec_frugal.config import OptimizerSpec
-from torchrec_frugal.engine.optimizers import apply_update, state_width
+from torchrec_frugal.engine.optimizers import apply_update, state_width, update_rows
 
 fbgemm = pytest.importorskip("fbgemm_gpu.split_table_batched_embeddings_ops_training")
 from fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType  # noqa: E402
@@ -201,6 +201,29 @@ def test_adam_matches_torch_optim(wd):
     st = opt.state[p]
     torch.testing.assert_close(s[:, :6], st["exp_avg"], rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(s[:, 6:], st["exp_avg_sq"], rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adagrad", "adam"])
+def test_update_rows_in_place_equals_gathered_update_bit_for_bit(kind):
+    """The in-place update of table rows (row-wise Adagrad's index_add_ among them) leaves every
+    row and its state as apply_update on the gathered rows does, bit for bit, and the other rows alone."""
+    gen = torch.Generator().manual_seed(3)
+    spec = OptimizerSpec(kind=kind, lr=0.05, eps=1e-8)
+    d = 37  # not a multiple of the vector width: the tail is rounded as the body
+    w0 = torch.randn(500, d, generator=gen)
+    s0 = torch.rand(500, state_width(spec, d), generator=gen)
+    for step in range(3):
+        index = torch.randperm(500, generator=gen)[:200]
+        grads = torch.randn(200, d, generator=gen) * 1e-2
+        w, s = w0.clone(), s0.clone()
+        update_rows(spec, w, s, index, grads, step)
+        gw, gs = w0.index_select(0, index), s0.index_select(0, index)
+        apply_update(spec, gw, gs, grads, step)
+        want_w, want_s = w0.clone(), s0.clone()
+        want_w[index], want_s[index] = gw, gs
+        assert torch.equal(w, want_w) and torch.equal(s, want_s)
+        assert not torch.equal(w, w0)
+        w0, s0 = w, s
 
 
 def test_sgd_leaves_other_rows_and_state_alone():

@@ -19,6 +19,9 @@ kernel's, in the same order of operations. Its ``t`` counts every forward of the
 iteration, not the step: the engine passes the steps so far plus the reads outside its steps
 (:meth:`~torchrec_frugal.engine.frugal_engine.FrugalEngine.lookup`).
 
+:func:`update_rows` applies the same update to rows of a table in place (an owner's store or its
+host rows); :func:`apply_update` to rows already gathered.
+
 ``state_width`` is the one place that knows how many state columns each optimizer keeps: the
 engine asks it and hands the width on (host tables, owner store, host-memory check).
 """
@@ -58,3 +61,30 @@ def apply_update(spec: OptimizerSpec, weights: torch.Tensor, state: torch.Tensor
         weights.add_(step, alpha=-spec.lr)
     else:
         raise ValueError(f"unknown optimizer kind {spec.kind!r}")
+
+
+def update_rows(
+    spec: OptimizerSpec, weights: torch.Tensor, state: torch.Tensor, index: torch.Tensor, grads: torch.Tensor, iteration: int
+) -> None:
+    """Update the unique rows ``index`` of ``weights`` [N, d] and ``state`` [N, state_width] in place
+    with their ``grads`` [n, d], as :func:`apply_update` would.
+
+    Row-wise Adagrad on the CPU adds each row's step into the table (``index_add_``): one pass
+    over the rows where a gather, the update and a scatter take three, bit for bit the same
+    weights (the step is rounded as ``addcdiv_`` rounds it, ``-lr * g`` then ``/ (sqrt(m) + eps)``,
+    then added). 1,500 random rows of 400 floats of a 2M-row table, one thread: 1.75 against
+    2.6 ms. Elsewhere (an accelerator's kernels may fuse other operations) the rows are gathered,
+    updated by :func:`apply_update` and written back.
+    """
+    if spec.kind == "rowwise_adagrad" and weights.device.type == "cpu":
+        m = state.index_select(0, index)[:, 0]
+        m.add_(grads.pow(2).mean(dim=1))
+        weights.index_add_(0, index, torch.mul(grads, -spec.lr).div_((m.sqrt() + spec.eps).unsqueeze(1)))
+        state.index_copy_(0, index, m.unsqueeze(1))
+        return
+    w = weights.index_select(0, index)
+    st = state.index_select(0, index)
+    apply_update(spec, w, st, grads, iteration)
+    weights.index_copy_(0, index, w)
+    if state.shape[1]:
+        state.index_copy_(0, index, st)

@@ -15,7 +15,7 @@ import torch
 
 from ..config import OptimizerSpec
 from .host_tables import HostTables
-from .optimizers import apply_update
+from .optimizers import update_rows
 from .owner_cache import OwnerStore
 from .streams import to_device
 
@@ -32,7 +32,7 @@ class OwnerUpdate:
 
     def apply(self, iteration: int, rows: np.ndarray, grads: torch.Tensor) -> np.ndarray:
         """Update the unique owned ``rows`` with their summed ``grads`` (CPU) at the optimizer's
-        ``iteration`` (see :func:`~torchrec_frugal.engine.optimizers.apply_update`); returns
+        ``iteration`` (see :func:`~torchrec_frugal.engine.optimizers.update_rows`); returns
         the rows updated in the store, whose host writes are now pending (the others were
         updated in host memory).
 
@@ -52,11 +52,7 @@ class OwnerUpdate:
             store.state.index_copy_(0, ns, self.host.read("state", nr, nr_dev))
             slots[fresh] = new_slots
         sl = torch.from_numpy(slots).to(self.device)
-        w = store.weights.index_select(0, sl)
-        st = store.state.index_select(0, sl)
-        apply_update(self.optimizer, w, st, grads.to(self.device), iteration)
-        store.weights.index_copy_(0, sl, w)
-        store.state.index_copy_(0, sl, st)
+        update_rows(self.optimizer, store.weights, store.state, sl, grads.to(self.device), iteration)
         return rows
 
     def _update_in_host(
@@ -72,14 +68,9 @@ class OwnerUpdate:
         held = slots >= 0
         if held.all():
             return rows, slots, grads
-        host_w, host_s = self.host.tables["weights"], self.host.tables["state"]
         here = torch.from_numpy(rows[~held])
-        w = host_w.index_select(0, here)
-        st = host_s.index_select(0, here)
-        apply_update(self.optimizer, w, st, grads.index_select(0, torch.from_numpy(np.flatnonzero(~held))), iteration)
-        host_w.index_copy_(0, here, w)
-        if self.store.state_width:
-            host_s.index_copy_(0, here, st)
+        host_grads = grads.index_select(0, torch.from_numpy(np.flatnonzero(~held)))
+        update_rows(self.optimizer, self.host.tables["weights"], self.host.tables["state"], here, host_grads, iteration)
         keep = np.flatnonzero(held)
         return rows[keep], slots[keep], grads.index_select(0, torch.from_numpy(keep))
 

@@ -48,6 +48,27 @@ def cuda_backend(local_world: int, gpus: int) -> str:
     return "nccl" if local_world <= gpus else "gloo"
 
 
+def bind_cores() -> Optional[List[int]]:
+    """Bind this process to its share of the cores it may run on: local rank ``r`` of ``n``
+    (torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``) takes the ``r``-th of ``n`` equal blocks.
+    Call it before any thread starts: threads started afterwards (the process group's, the
+    engines', torch's) inherit it. Returns the cores, or None where there are fewer cores than
+    ranks (nothing is bound).
+
+    Where the ranks share a machine's cores, the scheduler otherwise moves every rank's threads
+    over all of them, so one rank's background work preempts another's training thread and the
+    ranks reach their collectives at different times (measured in ``docs/performance.md``).
+    """
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    share = len(cores) // max(local_world, 1)
+    if share < 1:
+        return None
+    mine = cores[local_rank * share : (local_rank + 1) * share]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
 def init_distributed() -> Tuple[int, int, int, int, torch.device, str]:
     """(rank, world, local_rank, local_world, device, backend) from torchrun's environment.
 

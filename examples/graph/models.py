@@ -120,9 +120,8 @@ def score_pairs(cfg: KGEConfig, q: torch.Tensor, candidate: torch.Tensor) -> tor
 class _L2Distances(torch.autograd.Function):
     """Euclidean distances of every query to every candidate of its group, ``[g, k, m]``, as
     ``cdist``'s matrix-product form (``|q|^2 + |c|^2 - 2 q.c``) computes them, with the backward
-    written out: one batched product each way. ``cdist``'s autograd goes through its padded
-    operands (two concatenations, their slices, a clamp's mask): 4.5 against 2.7 ms forward and
-    backward for the benchmark's 4 chunks of 128 x 128 x 400, one thread."""
+    written out: one batched product each way, where ``cdist``'s autograd goes through its
+    padded operands (two concatenations, their slices, a clamp's mask)."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

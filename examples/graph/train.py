@@ -63,6 +63,7 @@ from examples.common import (
     SHARDERS,
     FrugalStats,
     add_frugal_arguments,
+    bind_cores,
     check_hardware,
     check_steps,
     gather_cat,
@@ -258,6 +259,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="init, negatives and synthetic data")
     p.add_argument("--log-every", type=int, default=100, help="rank 0 logs every N steps (0: never)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank; none: cores / local ranks")
+    p.add_argument("--bind-cores", action=argparse.BooleanOptionalAction, default=True,
+                   help="bind each rank to its share of the machine's cores (where there are at least as many "
+                        "cores as ranks)")  # fmt: skip
     p.add_argument("--summary", default=None, help="write a JSON summary here (rank 0)")
     p.add_argument("--save-entities", default=None, help="write the trained entity table here (rank 0, torch.save)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -316,6 +320,7 @@ def read_data(args: argparse.Namespace, rank: int) -> KGData:
 
 def train(args: argparse.Namespace) -> Dict[str, Any]:
     """Train and evaluate on this rank; every rank returns the same summary."""
+    cores = bind_cores() if args.bind_cores else None  # before the process group starts its threads
     rank, world, _local_rank, local_world, device, backend = init_distributed()
     if args.sharder == "torchrec":
         require_cuda_fbgemm(device, "--sharder torchrec")
@@ -330,7 +335,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if rank == 0:
         print(
             f"[graph] {data.summary()}; {cfg.model} dim {cfg.dim}, {cfg.loss} loss; {world} ranks ({backend}, "
-            f"{device.type}, {threads} threads each); batch {args.batch_size} in chunks of {args.chunk_size} "
+            f"{device.type}, {threads} threads each{f', bound to {len(cores)} core(s) each' if cores is not None and local_world > 1 else ''}); batch {args.batch_size} in chunks of {args.chunk_size} "
             f"x {args.negatives} negatives; sharder {args.sharder}"
             + (f" ({args.sharding})" if args.sharder == "torchrec" else f" (cache {args.cache_ratio:g}, L={args.lookahead})"),
             flush=True,
@@ -445,6 +450,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "backend": backend,
         "device": device.type,
         "threads_per_rank": threads,
+        "cores_per_rank": None if cores is None else len(cores),
         "batch_size": args.batch_size,
         "chunk_size": args.chunk_size,
         "negatives": args.negatives,

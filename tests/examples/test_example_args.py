@@ -59,3 +59,18 @@ def test_help_shows_every_default(script, sharder) -> None:
     options = [" ".join(e.split()) for e in entries if not e.startswith("-h")]
     assert len(options) > 20
     assert [o.split()[0] for o in options if "(default:" not in o] == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_bind_cores_gives_each_local_rank_its_block() -> None:
+    """bind_cores: local rank r of n takes the r-th of n equal blocks of the allowed cores; with
+    more ranks than cores nothing is bound (run in child processes: the binding is process-wide)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    code = "from examples.common import bind_cores; import os; print(bind_cores(), sorted(os.sched_getaffinity(0)))"
+    for local_rank, local_world in [(0, 1), (0, 2), (1, 2), (0, len(allowed) + 1)]:
+        env = dict(os.environ, LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_world), PYTHONWARNINGS="ignore")
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        share = len(allowed) // local_world
+        want = allowed[local_rank * share : (local_rank + 1) * share] if share else None
+        assert out.stdout.strip() == f"{want} {want or allowed}"

@@ -8,7 +8,8 @@ It also prints each thread's CPU time per step over the same steps, from the ker
 the profiler sees, and on a machine with as many cores as ranks their CPU is taken from the
 training threads. ``--no-ops`` leaves the profiler out (it slows the step) and keeps the CPU account;
 ``--python-profile PATH`` adds a cProfile of the training thread's and the exchange worker's Python
-calls over those steps:
+calls over those steps; ``--cpu-split`` the training thread's own CPU time (not its waits) in the
+parts of its step (:data:`SPLIT`, inclusive: the lookup is part of the forward):
 
     torchrun --nproc_per_node=2 benchmarks/profile_graph_step.py --dataset synthetic \\
         --synthetic-entities 2000000 --synthetic-triples 8000000 --model transe_l2 --dim 400 \\
@@ -26,10 +27,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
@@ -55,12 +57,57 @@ def thread_cpu_ns() -> Dict[str, float]:
     return out
 
 
+def split_parts() -> List[Tuple[Any, str, str]]:
+    """(owner, attribute, label) of the training thread's parts that ``--cpu-split`` times."""
+    from examples.graph import models, sampler
+    from torchrec_frugal.torchrec import embedding_lookup
+    from torchrec_frugal.torchrec.train_pipeline import train_pipelines
+
+    return [
+        (train_pipelines.FrugalTrainPipeline, "_next_read_batch", "reading a batch (the sampler's included)"),
+        (sampler.ChunkedNegativeSampler, "rank_batch", "making a batch (the sampler)"),
+        (train_pipelines.FrugalTrainPipeline, "_planned_forward", "forward (the model's, with TorchRec's and Frugal's)"),
+        (embedding_lookup.FrugalEmbeddingLookup, "forward", "Frugal's lookup (gate, gathers)"),
+        (models.RelationTable, "settle", "the relations' update (after its all-reduce)"),
+        (torch.Tensor, "backward", "backward (the model's, the lookup's hand-over)"),
+    ]
+
+
+class CpuSplit:
+    """The training thread's CPU time (``time.thread_time_ns``) inside each of :func:`split_parts`
+    while switched on; other threads' calls are not counted."""
+
+    def __init__(self) -> None:
+        self.ns: Dict[str, int] = collections.defaultdict(int)
+        self.on = False
+        self._thread = threading.get_ident()
+        for owner, name, label in split_parts():
+            setattr(owner, name, self._timed(getattr(owner, name), label))
+
+    def _timed(self, fn: Any, label: str) -> Any:
+        split = self
+
+        def timed(this: Any, *args: Any, **kwargs: Any) -> Any:  # a method: TorchRec checks ``self`` is named
+            if not split.on or threading.get_ident() != split._thread:
+                return fn(this, *args, **kwargs)
+            t0 = time.thread_time_ns()
+            try:
+                return fn(this, *args, **kwargs)
+            finally:
+                split.ns[label] += time.thread_time_ns() - t0
+
+        return timed
+
+
 class ProfiledPipeline:
     """A train pipeline whose ``progress`` runs under the profiler (``ops``) from step ``start``
     for ``steps`` steps, with every thread's CPU time over those steps."""
 
-    def __init__(self, pipeline: Any, start: int, steps: int, ops: bool = True, python: Optional[str] = None) -> None:
-        self.pipeline, self.start, self.steps, self.ops = pipeline, start, steps, ops
+    def __init__(
+        self, pipeline: Any, start: int, steps: int, ops: bool = True, python: Optional[str] = None,
+        split: Optional[CpuSplit] = None,
+    ) -> None:  # fmt: skip
+        self.pipeline, self.start, self.steps, self.ops, self.split = pipeline, start, steps, ops, split
         self.python = python  # where the training thread's Python profile (cProfile) goes
         self.cprofile: Optional[cProfile.Profile] = None
         self._worker_profiles: List[cProfile.Profile] = []
@@ -80,6 +127,8 @@ class ProfiledPipeline:
                 self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
                 self.prof.__enter__()
             self.cpu_ns, self.wall_s = thread_cpu_ns(), time.perf_counter()
+            if self.split is not None:
+                self.split.on = True
             if self.python:
                 self.cprofile = cProfile.Profile()
                 self.cprofile.enable()
@@ -93,6 +142,8 @@ class ProfiledPipeline:
         self.calls += 1
         if self.calls == self.start + self.steps:
             after, self.wall_s = thread_cpu_ns(), time.perf_counter() - self.wall_s
+            if self.split is not None:
+                self.split.on = False
             self.cpu_ns = {k: v - self.cpu_ns.get(k, 0.0) for k, v in after.items()}
             if self.prof is not None:
                 self.prof.__exit__(None, None, None)
@@ -148,6 +199,7 @@ def report(p: ProfiledPipeline, top: int) -> Dict[str, Any]:
         "step_ms_median": 1e3 * sorted(p.step_s)[steps // 2],
         "wall_ms_per_step": 1e3 * p.wall_s / steps,
         "thread_cpu_ms_per_step": {k: v / 1e6 / steps for k, v in sorted(p.cpu_ns.items(), key=lambda kv: -kv[1]) if v > 0},
+        "training_thread_cpu_ms_per_step": {k: v / 1e6 / steps for k, v in p.split.ns.items()} if p.split else {},
         "threads": {},
     }
     if p.prof is not None:
@@ -165,6 +217,7 @@ def main() -> None:
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--profile-json", default=None)
     ap.add_argument("--no-ops", action="store_true", help="no torch.profiler: the threads' CPU time alone")
+    ap.add_argument("--cpu-split", action="store_true", help="the training thread's CPU time in the parts of its step")
     ap.add_argument("--python-profile", default=None, metavar="PATH",
                     help="also profile the Python calls (cProfile) of the training thread to PATH.rank<r> "
                          "and of the exchange worker to PATH.exchange.rank<r>")
@@ -173,9 +226,11 @@ def main() -> None:
     made: List[ProfiledPipeline] = []
     stock = graph_train.train_pipeline
 
+    split = CpuSplit() if mine.cpu_split else None
+
     def wrapped(*a: Any, **k: Any) -> ProfiledPipeline:
         made.append(ProfiledPipeline(stock(*a, **k), args.warmup, mine.profile_steps, not mine.no_ops,
-                                      mine.python_profile))
+                                      mine.python_profile, split))
         return made[-1]
 
     graph_train.train_pipeline = wrapped  # type: ignore[assignment]
@@ -190,6 +245,8 @@ def main() -> None:
         print(f"[profile] step median {rep['step_ms_median']:.2f} ms; {summary['samples_per_second']:,.0f} triples/s")
         print(f"[profile] CPU per step by thread (wall {rep['wall_ms_per_step']:.2f} ms/step): " + ", ".join(
             f"{k} {v:.2f}" for k, v in rep["thread_cpu_ms_per_step"].items()))
+        for label, ms in rep["training_thread_cpu_ms_per_step"].items():
+            print(f"[profile] training thread CPU in {label}: {ms:.2f} ms/step")
         if "engine_ms_per_step" in rep:
             print("[profile] engine, ms per step: " + ", ".join(f"{k} {v:.2f}" for k, v in rep["engine_ms_per_step"].items()))
         for tid, t in rep["threads"].items():

@@ -7,6 +7,8 @@ table's lookup, exchange or optimizer. ``--relations`` picks the relation path:
 * ``touched``  ``models.RelationTable`` (Adagrad on the rows of the step, in the backward)
 * ``dense``    the former path: a dense ``nn.Embedding`` stepped in full by ``torch.optim.Adagrad``
   (the batch's rows sliced three times, each slice's backward filling a zero tensor of them all)
+* ``cdist``    ``touched``, with TransE-L2's chunk distances by ``torch.cdist`` and its autograd
+  instead of the model's written-out backward (the former scoring)
 
 Alternating repetitions of ``--steps`` steps each; medians in ms a step, and the top operators by
 self CPU time of the last repetition (torch.profiler):
@@ -40,12 +42,17 @@ def make_step(kind: str, args: argparse.Namespace) -> Callable[[], None]:
     ids = torch.multinomial(1.0 / torch.arange(1, args.relations + 1.0), b, replacement=True, generator=gen)
     sign = torch.tensor([1.0])
 
+    def candidates(q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        if kind == "cdist" and cfg.model == "transe_l2":
+            return cfg.gamma - torch.cdist(q, c, p=2.0)
+        return score_candidates(cfg, q, c)
+
     def scores(anchor: torch.Tensor, true: torch.Tensor, negs: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
         q = query(cfg, anchor, rel, sign)
-        negative = score_candidates(cfg, q.reshape(-1, k, args.dim), negs.reshape(-1, m, args.dim)).reshape(b, m)
+        negative = candidates(q.reshape(-1, k, args.dim), negs.reshape(-1, m, args.dim)).reshape(b, m)
         return kge_loss(cfg, score_pairs(cfg, q, true), negative)
 
-    if kind == "touched":
+    if kind in ("touched", "cdist"):
         table = RelationTable(args.relations, args.dim, 0.1, torch.device("cpu"))
 
         def step() -> None:
@@ -68,7 +75,7 @@ def make_step(kind: str, args: argparse.Namespace) -> Callable[[], None]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--relations", dest="kinds", nargs="+", choices=("touched", "dense"), default=["touched", "dense"])
+    ap.add_argument("--relations", dest="kinds", nargs="+", choices=("touched", "dense", "cdist"), default=["touched", "dense"])
     ap.add_argument("--model", default="transe_l2")
     ap.add_argument("--dim", type=int, default=400)
     ap.add_argument("--positives", type=int, default=512, help="one rank's share of the benchmark's batch")

@@ -318,7 +318,7 @@ class RelationTable(nn.Module):
         # the update of the last backward while its all-reduce runs: (rows, summed gradient, the all-reduce)
         self._pending: Optional[Tuple[torch.Tensor, torch.Tensor, dist.Work]] = None
         self.register_state_dict_pre_hook(lambda module, *_: module.settle())
-        self._register_load_state_dict_pre_hook(lambda *_: self.settle())
+        self.register_load_state_dict_pre_hook(lambda module, *_: module.settle())
 
     def forward(self, ids: torch.Tensor, step_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Rows ``ids``; ``step_ids``: the relations of the step on every rank (None: ``ids``, a

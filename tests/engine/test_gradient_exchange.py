@@ -35,6 +35,20 @@ def test_sum_owned_takes_the_owner_group_of_every_rank_and_sums_per_row() -> Non
     assert rows.tolist() == [2, 5] and summed.tolist() == [[6, 6], [7, 7]]
 
 
+def test_sum_owned_puts_the_rows_asked_for_first_with_the_same_sums() -> None:
+    """``first`` only moves rows: each keeps its sum, each part its order."""
+    gen = torch.Generator().manual_seed(3)
+    boxes = []
+    for rows in ([1, 2, 4, 8, 9], [2, 3, 8, 11]):
+        g = torch.randn(len(rows), DIM, generator=gen)
+        boxes.append({"g_counts": torch.tensor([0, len(rows), 0]), "g_rows": torch.tensor(rows), "g_grads": g})
+    rows, summed = sum_owned(boxes, owner=1, dim=DIM)
+    moved, moved_summed = sum_owned(boxes, owner=1, dim=DIM, first=lambda r: r % 4 == 0)
+    assert moved.tolist() == [4, 8, 1, 2, 3, 9, 11]
+    at = {int(r): i for i, r in enumerate(rows)}
+    assert torch.equal(moved_summed, summed[torch.tensor([at[int(r)] for r in moved])])
+
+
 def test_ranks_stage_and_each_owner_sums_its_rows(tmp_path) -> None:
     """Three ranks' exchanges in one process, sharing one control block; records grow on the way."""
     block = SharedSegment.create(f"{PREFIX}{new_run_id()}_control", Layout([control_field(WORLD)]), str(tmp_path))

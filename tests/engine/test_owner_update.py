@@ -60,3 +60,25 @@ def test_reload_reads_every_held_row_from_host() -> None:
     held = torch.tensor([0, 5, 9, 17])
     sl = torch.from_numpy(upd.store.slot_of[held.numpy()])
     assert torch.equal(upd.store.weights[sl], host_w[held]) and torch.equal(upd.store.state[sl], host_s[held])
+
+
+@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam"])
+def test_held_rows_first_update_as_sorted_rows_do(kind: str) -> None:
+    """In place, rows laid out as :attr:`OwnerUpdate.held_first` asks (the held rows first, as the
+    gradient exchange lays its sum out) are updated bit for bit as the same rows sorted."""
+    results = []
+    for laid_out in (False, True):
+        _, upd, host_w, host_s = _setup(kind, in_place=True)
+        assert upd.held_first is not None
+        for step, rows in enumerate([np.array([0, 3, 5, 11, 20]), np.array([5, 9, 11, 30, 31])]):
+            grads = torch.linspace(-1, 1, rows.shape[0] * DIM).reshape(-1, DIM) * (step + 1)
+            if laid_out:
+                front = upd.held_first(rows)
+                order = np.concatenate([np.flatnonzero(front), np.flatnonzero(~front)])
+                rows, grads = rows[order], grads[torch.from_numpy(order)]
+            held = upd.apply(step, rows, grads)
+            assert held.tolist() == sorted(set(rows.tolist()) & {0, 5, 9})
+        results.append((host_w.clone(), host_s.clone(), upd.store.weights.clone(), upd.store.state.clone()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert _setup("sgd", in_place=False)[1].held_first is None

@@ -22,14 +22,19 @@ from .streams import Marker
 
 
 def sum_owned(
-    boxes: Sequence[Union[SharedSegment, Mapping[str, torch.Tensor]]], owner: int, dim: int
+    boxes: Sequence[Union[SharedSegment, Mapping[str, torch.Tensor]]],
+    owner: int,
+    dim: int,
+    first: Optional[Callable[[np.ndarray], np.ndarray]] = None,
 ) -> Tuple[np.ndarray, torch.Tensor]:
     """The rows of ``owner`` in every rank's staged record, unique and sorted, and their gradients
     summed over ranks (rank order).
 
     ``boxes[r]``: rank r's record (``g_counts`` per owner, ``g_rows`` and ``g_grads`` grouped by
     owner in rank order). Sorted runs (one per rank) when the callers pass sorted rows, as the
-    TorchRec glue does: then the merge is cheap.
+    TorchRec glue does: then the merge is cheap. ``first``: a mask of the sorted rows to put
+    first (each part stays sorted), so that a caller that treats them apart takes slices of the
+    sum instead of copies.
     """
     parts_r, parts_g = [], []
     for box in boxes:
@@ -39,6 +44,12 @@ def sum_owned(
         parts_r.append(box["g_rows"][lo:hi].numpy())
         parts_g.append(box["g_grads"][lo:hi])
     rows, inverse = merge_unique(parts_r)
+    if first is not None:
+        front = first(rows)
+        order = np.concatenate([np.flatnonzero(front), np.flatnonzero(~front)])
+        position = np.empty_like(order)
+        position[order] = np.arange(order.shape[0])
+        rows, inverse = rows[order], position[inverse]
     summed = torch.zeros(rows.shape[0], dim, dtype=torch.float32)
     # rank by rank into the sum, in rank order: the sums of one index_add_ over the parts
     # concatenated, without copying them into one tensor first
@@ -80,7 +91,8 @@ class GradientExchange:
         """Wait until every rank staged step ``step``; returns the seconds waited."""
         return self.control.wait(WAIT_EXCHANGE, lambda: self.control.behind(STAGED, step), f"gradients of step {step}", idle)
 
-    def sum_owned(self) -> Tuple[np.ndarray, torch.Tensor]:
-        """This rank's owned rows of the staged step, and their gradients summed over ranks."""
+    def sum_owned(self, first: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Tuple[np.ndarray, torch.Tensor]:
+        """This rank's owned rows of the staged step, and their gradients summed over ranks
+        (``first``: as :func:`sum_owned`)."""
         boxes = [self.record.segment(r) for r in range(self.control.world_size)]
-        return sum_owned(boxes, self.control.rank, self.dim)
+        return sum_owned(boxes, self.control.rank, self.dim, first)

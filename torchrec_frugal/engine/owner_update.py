@@ -8,7 +8,7 @@ pending) is updated there. Host writes of the updated rows are queued by the cal
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -29,6 +29,12 @@ class OwnerUpdate:
         self.host = host
         self.device = host.device
         self.in_place = in_place
+
+    @property
+    def held_first(self) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+        """Where rows are updated in host memory: the mask of the rows the store holds, which
+        :meth:`apply` takes best first (the gradient exchange lays its sum out so), else None."""
+        return (lambda rows: self.store.slot_of[rows] >= 0) if self.in_place else None
 
     def apply(self, iteration: int, rows: np.ndarray, grads: torch.Tensor) -> np.ndarray:
         """Update the unique owned ``rows`` with their summed ``grads`` (CPU) at the optimizer's
@@ -66,8 +72,13 @@ class OwnerUpdate:
         no flusher touches a row that has no pending write.
         """
         held = slots >= 0
-        if held.all():
+        h = int(np.count_nonzero(held))
+        if h == held.shape[0]:
             return rows, slots, grads
+        if held[:h].all():  # the held rows come first (:attr:`held_first`): slices, no copies
+            update_rows(self.optimizer, self.host.tables["weights"], self.host.tables["state"],
+                        torch.from_numpy(rows[h:]), grads[h:], iteration)  # fmt: skip
+            return rows[:h], slots[:h], grads[:h]
         here = torch.from_numpy(rows[~held])
         host_grads = grads.index_select(0, torch.from_numpy(np.flatnonzero(~held)))
         update_rows(self.optimizer, self.host.tables["weights"], self.host.tables["state"], here, host_grads, iteration)

@@ -69,7 +69,11 @@ class ChunkedNegativeSampler:
     def global_positions(self, step: int) -> torch.Tensor:
         """Indices into ``train`` of step ``step``'s global batch (epochs of permutations)."""
         n = self.train.shape[0]
-        pos = torch.arange(step * self.batch_size, (step + 1) * self.batch_size)
+        lo, hi = step * self.batch_size, (step + 1) * self.batch_size
+        if lo // n == (hi - 1) // n:  # the batch lies in one epoch: a slice of its permutation
+            e = lo // n
+            return self._epoch(e)[lo - e * n : hi - e * n]
+        pos = torch.arange(lo, hi)
         epochs = pos // n
         out = torch.empty_like(pos)
         for e in torch.unique(epochs).tolist():  # one or two epochs per batch (more if B > N)
@@ -79,7 +83,7 @@ class ChunkedNegativeSampler:
 
     def rank_batch(self, step: int, rank: int) -> KGBatch:
         """Rank ``rank``'s share of step ``step``."""
-        triples = self.train[self.global_positions(step)]
+        triples = self.train.index_select(0, self.global_positions(step))
         gen = torch.Generator().manual_seed(self.seed * 104_729 + step)
         total_chunks = self.batch_size // self.chunk_size
         negatives = torch.randint(0, self.num_entities, (total_chunks, self.negatives), generator=gen)

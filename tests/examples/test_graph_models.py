@@ -144,6 +144,16 @@ def test_sampler_is_independent_of_world_size() -> None:
     assert torch.equal(epoch.sort().values, torch.arange(300))
 
 
+def test_sampler_positions_are_the_epochs_permutations_in_order() -> None:
+    """Step s trains positions s*B .. (s+1)*B - 1 of the epochs' permutations laid end to end:
+    a slice within an epoch, pieces of two across an epoch's end (300 triples, 64 a step)."""
+    train = torch.zeros(300, 3, dtype=torch.int64)
+    sampler = ChunkedNegativeSampler(train, 5, batch_size=64, chunk_size=8, negatives=2, world_size=2, seed=3)
+    laid = torch.cat([sampler._epoch(e) for e in range(3)])
+    for step in (0, 3, 4, 5, 9):  # 4 crosses epoch 0's end, 9 epoch 1's
+        assert torch.equal(sampler.global_positions(step), laid[64 * step : 64 * (step + 1)])
+
+
 def test_sampler_rejects_uneven_split() -> None:
     train = torch.zeros(10, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match="multiple of 16"):

@@ -54,6 +54,8 @@ class KernelOutput(torch.autograd.Function):
     before FBGEMM's backward clamps it and sums it in fp32. A frugal engine divides its rows'
     summed gradients by its ranks itself; so the gradient is divided here as stock divides it (an
     FP16 gradient rounds), clamped, cast to fp32 and multiplied back, exactly for a power of two.
+    Unclamped fp32 over a power of two of ranks, the round trip changes no bit (unless a gradient
+    is below 2^-126 times the ranks, where the division rounds): the gradient passes as it is.
     """
 
     @staticmethod
@@ -66,6 +68,8 @@ class KernelOutput(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
         ranks = ctx.engine_ranks if get_gradient_division() else 1
+        if ctx.max_gradient is None and grad.dtype == ctx.input_dtype == torch.float32 and ranks & (ranks - 1) == 0:
+            return grad, None, None, None
         if ranks > 1:
             grad = grad / ranks
         if ctx.max_gradient is not None:

@@ -8,7 +8,8 @@ It also prints each thread's CPU time per step over the same steps, from the ker
 the profiler sees, and on a machine with as many cores as ranks their CPU is taken from the
 training threads. ``--no-ops`` leaves the profiler out (it slows the step) and keeps the CPU account;
 ``--python-profile PATH`` adds a cProfile of the training thread's and the exchange worker's Python
-calls over those steps; ``--cpu-split`` the training thread's own CPU time (not its waits) in the
+calls over those steps, timed by each thread's CPU clock (its waits, and the time other threads
+take its core, left out); ``--cpu-split`` the training thread's own CPU time (not its waits) in the
 parts of its step (:data:`SPLIT`, inclusive: the lookup is part of the forward):
 
     torchrun --nproc_per_node=2 benchmarks/profile_graph_step.py --dataset synthetic \\
@@ -130,10 +131,10 @@ class ProfiledPipeline:
             if self.split is not None:
                 self.split.on = True
             if self.python:
-                self.cprofile = cProfile.Profile()
+                self.cprofile = cProfile.Profile(time.thread_time)
                 self.cprofile.enable()
                 for i, e in enumerate(self._engines()):  # cProfile follows the thread that enables it
-                    self._worker_profiles.append(cProfile.Profile())
+                    self._worker_profiles.append(cProfile.Profile(time.thread_time))
                     e.exchange_worker.submit(self._worker_profiles[i].enable)
         t0 = time.perf_counter()
         out = self.pipeline.progress(batches)

@@ -58,7 +58,8 @@ class ChunkedNegativeSampler:
     def chunks_per_rank(self) -> int:
         return self.batch_size // (self.chunk_size * self.world_size)
 
-    def _epoch(self, epoch: int) -> torch.Tensor:
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The order in which epoch ``epoch`` visits the training triples (seeded; the last few kept)."""
         if epoch not in self._perms:
             if len(self._perms) > 2:
                 self._perms.pop(min(self._perms))
@@ -72,13 +73,13 @@ class ChunkedNegativeSampler:
         lo, hi = step * self.batch_size, (step + 1) * self.batch_size
         if lo // n == (hi - 1) // n:  # the batch lies in one epoch: a slice of its permutation
             e = lo // n
-            return self._epoch(e)[lo - e * n : hi - e * n]
+            return self.permutation(e)[lo - e * n : hi - e * n]
         pos = torch.arange(lo, hi)
         epochs = pos // n
         out = torch.empty_like(pos)
         for e in torch.unique(epochs).tolist():  # one or two epochs per batch (more if B > N)
             sel = epochs == e
-            out[sel] = self._epoch(int(e))[pos[sel] % n]
+            out[sel] = self.permutation(int(e))[pos[sel] % n]
         return out
 
     def rank_batch(self, step: int, rank: int) -> KGBatch:

@@ -149,7 +149,7 @@ def test_sampler_positions_are_the_epochs_permutations_in_order() -> None:
     a slice within an epoch, pieces of two across an epoch's end (300 triples, 64 a step)."""
     train = torch.zeros(300, 3, dtype=torch.int64)
     sampler = ChunkedNegativeSampler(train, 5, batch_size=64, chunk_size=8, negatives=2, world_size=2, seed=3)
-    laid = torch.cat([sampler._epoch(e) for e in range(3)])
+    laid = torch.cat([sampler.permutation(e) for e in range(3)])
     for step in (0, 3, 4, 5, 9):  # 4 crosses epoch 0's end, 9 epoch 1's
         assert torch.equal(sampler.global_positions(step), laid[64 * step : 64 * (step + 1)])
 

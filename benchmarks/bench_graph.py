@@ -10,6 +10,10 @@ repetition) and the table reports medians over ``--repeats`` and ratios against 
 sharding and against perfect scaling (W x one rank alone on its share of the batch):
 
 * ``frugal``      ``--sharder frugal`` (cache ratio 0.05, L = 10)
+* ``frugal_uncached``  ``--sharder frugal --cache-ratio 0 --lookahead 0``: no owner cache and no
+  lookahead (``--variants ... frugal_uncached``). On a CPU device the cache is host memory too,
+  so this prices what the cache and the lookahead cost there; a comparison of two designs, which
+  is why it lives here and not in the example
 * ``table_wise``  ``--sharder torchrec --sharding table_wise``
 * ``row_wise``    ``--sharder torchrec --sharding row_wise``
 * ``alone``       one process, ``--batch-size B/W`` (no communication): the upper bound
@@ -68,7 +72,7 @@ from examples.demo import TrainRunError, run_train  # noqa: E402
 from torchrec_frugal.estimate.measure import median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "graph" / "train.py"
-SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone", "pbg")
+SPEED_VARIANTS = ("frugal", "frugal_uncached", "table_wise", "row_wise", "alone", "pbg")
 DEFAULT_SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 PBG_VERSION = "1.0.0"
 # PBG's log line at the end of an edge chunk: edges trained and the compute time of the chunk.
@@ -134,6 +138,7 @@ def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]
     w, b = args.nproc, args.batch_size
     table = {
         "frugal": (w, ["--sharder", "frugal", "--batch-size", str(b)]),
+        "frugal_uncached": (w, ["--sharder", "frugal", "--cache-ratio", "0", "--lookahead", "0", "--batch-size", str(b)]),
         "table_wise": (w, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b)]),
         "row_wise": (w, ["--sharder", "torchrec", "--sharding", "row_wise", "--batch-size", str(b)]),
         "alone": (1, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b // w)]),
@@ -345,9 +350,12 @@ def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str,
     for r in runs:
         if r.get("summary"):
             by_rep.setdefault(r["repeat"], {})[r["variant"]] = r["summary"]["samples_per_second"]
-    paired = [d["frugal"] / max(d[v] for v in stock if v in d) for d in by_rep.values()
-              if "frugal" in d and any(v in d for v in stock)]  # fmt: skip
-    paired_pbg = [d["frugal"] / d["pbg"] for d in by_rep.values() if "frugal" in d and "pbg" in d]
+    def paired_with(f: str, against: Sequence[str]) -> List[float]:
+        return [d[f] / max(d[v] for v in against if v in d) for d in by_rep.values()
+                if f in d and any(v in d for v in against)]  # fmt: skip
+
+    paired, paired_pbg = paired_with("frugal", stock), paired_with("frugal", ["pbg"])
+    uncached, uncached_pbg = paired_with("frugal_uncached", stock), paired_with("frugal_uncached", ["pbg"])
     lines = ["| variant | ranks | triples/s (median) | min-max | vs best stock | vs perfect scaling | gate stall |",
              "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, o in med.items():
@@ -363,11 +371,17 @@ def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str,
         "perfect_scaling": perfect,
         "frugal_vs_best_stock_paired": median_or_nan(paired) if paired else None,
         "frugal_vs_pbg_paired": median_or_nan(paired_pbg) if paired_pbg else None,
+        "frugal_uncached_vs_best_stock_paired": median_or_nan(uncached) if uncached else None,
+        "frugal_uncached_vs_pbg_paired": median_or_nan(uncached_pbg) if uncached_pbg else None,
     }
     if paired:
         lines.append(f"\nFrugal / best stock ({best}), median of per-repetition ratios: {median_or_nan(paired):.2f}x")
     if paired_pbg:
         lines.append(f"Frugal / PBG (compute-only), median of per-repetition ratios: {median_or_nan(paired_pbg):.2f}x")
+    if uncached:
+        lines.append(f"Frugal uncached / best stock ({best}), median of per-repetition ratios: {median_or_nan(uncached):.2f}x")
+    if uncached_pbg:
+        lines.append(f"Frugal uncached / PBG (compute-only), median of per-repetition ratios: {median_or_nan(uncached_pbg):.2f}x")
     return "\n".join(lines), facts
 
 
@@ -400,7 +414,7 @@ def plot(result: Dict[str, Any], prefix: Path) -> Path:
         vals = [med[n]["samples_per_second"] for n in names]
         err = [[v - med[n]["samples_per_second_min"] for n, v in zip(names, vals)],
                [med[n]["samples_per_second_max"] - v for n, v in zip(names, vals)]]  # fmt: skip
-        colors = ["tab:green" if n == "frugal" else "tab:gray" if n == "alone" else "tab:blue" for n in names]
+        colors = ["tab:green" if n.startswith("frugal") else "tab:gray" if n == "alone" else "tab:blue" for n in names]
         ax.bar(names, vals, yerr=err, color=colors, capsize=4)
         perfect = result["facts"].get("perfect_scaling")
         if perfect:

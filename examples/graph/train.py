@@ -102,6 +102,17 @@ def fused_params(args: argparse.Namespace) -> Dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": args.lr, "eps": 1e-8}
 
 
+ACCELERATOR_CACHE_RATIO = 0.05
+
+
+def default_cache_ratio(device: torch.device) -> float:
+    """The owner cache keeps hot rows in device memory, beside the host table. On a CPU device both
+    are the same DRAM: a cached row is read no faster, and its updates are written twice (store,
+    then flush), so the cache only costs there (docs/performance.md, "The owner cache and the
+    lookahead on a CPU device")."""
+    return 0.0 if device.type == "cpu" else ACCELERATOR_CACHE_RATIO
+
+
 def frugal_sharder(args: argparse.Namespace, presample: Dict[str, torch.Tensor], config: FrugalConfig) -> nn.Module:
     """Frugal's sharder of the entity table, imported on use: the import installs Frugal's planner
     shims, which stock runs go without."""
@@ -249,7 +260,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--sharding", choices=STOCK_SHARDINGS + ("frugal_row_wise",), default="table_wise",
                    help="torchrec: sharding of the entity table; frugal_row_wise (implies --sharder frugal): one row "
                         "block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
-    p.add_argument("--cache-ratio", type=float, default=0.05, help="frugal: entity rows cached per rank")
+    p.add_argument("--cache-ratio", type=float, default=None,
+                   help=f"frugal: entity rows cached per rank; none: {ACCELERATOR_CACHE_RATIO:g} on a GPU, 0 on a CPU "
+                        "device, where the cache would be a second copy of rows in the same memory as the host table")  # fmt: skip
     p.add_argument("--lookahead", type=int, default=10, help="frugal: lookahead window L")
     add_frugal_arguments(p)
     p.add_argument("--eval-split", choices=("test", "valid"), default="test", help="the split ranked after training")
@@ -322,6 +335,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     """Train and evaluate on this rank; every rank returns the same summary."""
     cores = bind_cores() if args.bind_cores else None  # before the process group starts its threads
     rank, world, _local_rank, local_world, device, backend = init_distributed()
+    if args.cache_ratio is None:
+        args.cache_ratio = default_cache_ratio(device)
     if args.sharder == "torchrec":
         require_cuda_fbgemm(device, "--sharder torchrec")
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)

@@ -54,6 +54,8 @@ def synthetic_runs(tmp_path_factory) -> Runs:
     return Runs({
         "single": lambda: train(SYNTHETIC + ["--sharder", "torchrec"], 1, tmp, "single"),
         "frugal": lambda: train(SYNTHETIC + ["--sharder", "frugal", "--cache-ratio", "0.05", "--lookahead", "4"], 2, tmp, "frugal"),
+        # the example's defaults: on a CPU device no owner cache, L = 10
+        "frugal_defaults": lambda: train(SYNTHETIC + ["--sharder", "frugal"], 2, tmp, "frugal_defaults"),
         "table_wise": lambda: train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "table_wise"], 2, tmp, "table_wise"),
         "row_wise": lambda: train(SYNTHETIC + ["--sharder", "torchrec", "--sharding", "row_wise"], 2, tmp, "row_wise"),
         # two machines of one rank each, as two torchrun --nnodes launches
@@ -73,7 +75,7 @@ def test_two_nodes_with_frugal_row_wise_train_stock_row_wise_tables(synthetic_ru
     assert abs(f["mrr"] - r["mrr"]) < 1e-3 and abs(f["loss"] - r["loss"]) < 1e-3
 
 
-@pytest.mark.parametrize("run", ["frugal", "table_wise", "frugal_row_wise"])
+@pytest.mark.parametrize("run", ["frugal", "frugal_defaults", "table_wise", "frugal_row_wise"])
 def test_two_ranks_train_the_single_process_tables(synthetic_runs, run: str) -> None:
     one, two = synthetic_runs["single"], synthetic_runs[run]
     assert two["world_size"] == 2 and one["world_size"] == 1 and two["steps"] == one["steps"] == 200
@@ -84,6 +86,16 @@ def test_two_ranks_train_the_single_process_tables(synthetic_runs, run: str) -> 
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3, msg=f"{run} {key}")
     assert abs(two["mrr"] - one["mrr"]) < 1e-3
     assert abs(two["loss"] - one["loss"]) < 1e-3
+
+
+def test_the_default_cache_ratio_is_the_devices(synthetic_runs) -> None:
+    """No owner cache on a CPU device unless asked for; the cache asked for is the one used."""
+    assert synthetic_runs["frugal_defaults"]["cache_ratio"] == 0.0
+    assert synthetic_runs["frugal_defaults"]["lookahead"] == 10
+    assert synthetic_runs["frugal"]["cache_ratio"] == 0.05
+    from examples.graph.train import ACCELERATOR_CACHE_RATIO, default_cache_ratio
+
+    assert default_cache_ratio(torch.device("cuda", 0)) == ACCELERATOR_CACHE_RATIO > 0
 
 
 def test_frugal_summary(synthetic_runs) -> None:

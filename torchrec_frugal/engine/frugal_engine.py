@@ -175,7 +175,6 @@ class FrugalEngine:
             self.lookahead_feed, self.streams, self.exchange_worker, self._recorder, self._faults.guard,
         )  # fmt: skip
         self._checkpoint = CheckpointRows(self.host_rows, self.owner_update, self.control, self.flush, self._faults.guard)
-
         self.step = 0
         # The optimizer's iteration (FBGEMM's ``iter``: forwards of the table's kernel) less the
         # steps: reads outside the steps count as forwards, and set_optimizer_iteration moves it.

@@ -230,7 +230,8 @@ def run_plan(sharding: str, recorded: Optional[Dict[str, Any]], lookahead: int =
         return Plan(sharding, cache_ratio=CACHE_RATIO, lookahead=lookahead)
     if not recorded:
         raise ValueError("a planned run needs the plan its summary recorded")
-    return Plan.of(recorded["shardings"], recorded["cache_ratio"] or CACHE_RATIO, recorded["lookahead"])
+    return Plan.of(recorded["shardings"], CACHE_RATIO if recorded["cache_ratio"] is None else recorded["cache_ratio"],
+                   recorded["lookahead"])
 
 
 CPU_NOTE = (

@@ -68,6 +68,7 @@ from examples.common import (
     check_steps,
     gather_cat,
     init_distributed,
+    planned_cache_ratio,
     progress_bar,
     require_cuda_fbgemm,
     shard_plan,
@@ -145,7 +146,11 @@ def shard(
         module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),  # type: ignore[list-item]
         data_parallel_wrapper=data_parallel_wrapper,
     )
-    info = {"sharding": next(ps.sharding_type for mp in plan.plan.values() for ps in mp.values())}  # type: ignore[attr-defined]
+    info = {
+        "sharding": next(ps.sharding_type for mp in plan.plan.values() for ps in mp.values()),  # type: ignore[attr-defined]
+        # as planned: the planner sizes the cache (with --hardware, chooses it)
+        "cache_ratio": planned_cache_ratio(plan) if args.sharder == "frugal" else None,
+    }
     return dmp, info
 
 
@@ -479,7 +484,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "eval_s": eval_s,
         "gate_stall_fraction": float((gate_all / elapsed_all).mean()) if stats.engines else 0.0,
         "setup_s": setup_s,
-        "cache_ratio": args.cache_ratio if args.sharder == "frugal" else None,
+        "cache_ratio": plan_info["cache_ratio"],
         "lookahead": args.lookahead if args.sharder == "frugal" else None,
         "kge_config": asdict(cfg),
         "seed": args.seed,

@@ -30,6 +30,7 @@ from torchrec_frugal.estimate.cost_model import (
     RowDistribution,
     Workload,
     assign_tables,
+    cache_ratio_choices,
     choose_plan,
     flush_rate,
     predict_all,
@@ -156,6 +157,19 @@ def test_recommendation_is_the_best_of_its_candidates():
     for c in (0.01, 0.1):
         for L in (0, 10):
             assert cost.step_s <= model.predict(w, Plan("frugal", c, L)).step_s * (1 + 1e-9)
+
+
+def test_no_cache_is_a_choice_only_where_the_device_is_host_memory():
+    """On a CPU device a cache is a second copy in the same memory: no cache is priced beside the
+    ratios, and chosen when predicted faster; an accelerator always keeps some cache."""
+    cpu, gpu = load_profile("cpu"), load_profile("rtx3090")
+    assert cache_ratio_choices(cpu)[0] == 0.0 and 0.0 not in cache_ratio_choices(gpu)
+    model, w = CostModel(cpu), workload(world=2)
+    plan, cost = recommend_frugal(model, w)
+    assert plan.cache_ratio in cache_ratio_choices(cpu)
+    uncached = min(model.predict(w, Plan("frugal", 0.0, L)).step_s for L in (0, 2, 5, 10))
+    assert cost.step_s <= uncached * (1 + 1e-9)
+    assert recommend_frugal(CostModel(gpu), workload(world=2))[0].cache_ratio > 0
 
 
 def test_tables_go_to_the_least_loaded_rank():

@@ -5,13 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+from ..profiles import HardwareProfile
 from .model import CostModel
 from .workload import FRUGAL, FRUGAL_KINDS, FRUGAL_ROW_WISE, FUSED_UVM_CACHING, PREFETCH, STOCK_SHARDINGS, UVM_CHOICES, Plan, StepCost, Workload, split_choice
 
 CACHE_RATIO_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2)
+"""Frugal's cache ratios to choose from; where the device is host memory, 0 too (:func:`cache_ratio_choices`)."""
 LOOKAHEAD_CHOICES = (0, 2, 5, 10)
 UVM_LOAD_FACTOR_CHOICES = (0.05, 0.1, 0.2, 0.4)
 """cache_load_factor choices of a fused_uvm_caching plan (TorchRec's default: 0.2)."""
+
+
+def cache_ratio_choices(hw: HardwareProfile) -> Tuple[float, ...]:
+    """The cache ratios to choose from on ``hw``. Where the device is host memory, no cache at all
+    is a choice too: a cached row is read from the same memory as the host table, and its update
+    is written to the cache and then flushed, so the model may well price no cache lower."""
+    return ((0.0,) if hw.device_is_host else ()) + CACHE_RATIO_CHOICES
 
 
 def frugal_kind(nodes: int) -> str:
@@ -39,12 +48,15 @@ def recommend_stock(
 def recommend_frugal(
     model: CostModel,
     w: Workload,
-    cache_ratios: Sequence[float] = CACHE_RATIO_CHOICES,
+    cache_ratios: Optional[Sequence[float]] = None,
     lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
 ) -> Tuple[Plan, StepCost]:
-    """The cache ratio and lookahead of least predicted step time among those that fit in device
-    memory (the smallest cache if none fits); ties go to the earlier choice."""
+    """The cache ratio (default: :func:`cache_ratio_choices`) and lookahead of least predicted step
+    time among those that fit in device memory (the smallest cache if none fits); ties go to the
+    earlier choice."""
     kind = frugal_kind(w.nodes)
+    if cache_ratios is None:
+        cache_ratios = cache_ratio_choices(model.hw)
     return _least_step(model, w, [Plan(kind, cache_ratio=c, lookahead=L) for c in cache_ratios for L in lookaheads])
 
 
@@ -113,12 +125,13 @@ def choose_plan(
     model: CostModel,
     w: Workload,
     candidates: Optional[Mapping[str, Sequence[str]]] = None,
-    cache_ratios: Sequence[float] = CACHE_RATIO_CHOICES,
+    cache_ratios: Optional[Sequence[float]] = None,
     lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
     rounds: int = 4,
     load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES,
 ) -> PlanChoice:
-    """A sharding per table, a cache ratio and a lookahead of least predicted step time.
+    """A sharding per table, a cache ratio (default: :func:`cache_ratio_choices`) and a lookahead of
+    least predicted step time.
 
     ``candidates`` maps each table to the shardings it may take (default: ``planner_shardings``;
     a table with one candidate is fixed). A local search starts from each uniform plan (every
@@ -131,6 +144,7 @@ def choose_plan(
     uniform plan.
     """
     names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
+    ratios = cache_ratio_choices(model.hw) if cache_ratios is None else cache_ratios
     cand = {n: tuple((candidates or {}).get(n, planner_shardings(w.nodes, model.hw.device))) for n in names}
     if any(not c for c in cand.values()):
         raise ValueError("every table needs at least one candidate sharding")
@@ -140,7 +154,7 @@ def choose_plan(
         ``assign`` (kept as in ``plan`` on ties)."""
         best = (plan, cost if cost is not None else model.predict(w, plan))
         if set(assign.values()) & set(FRUGAL_KINDS):
-            for c in cache_ratios:
+            for c in ratios:
                 for L in lookaheads:
                     trial = Plan.of(assign, c, L, best[0].uvm_load_factor)
                     trial_cost = model.predict(w, trial)

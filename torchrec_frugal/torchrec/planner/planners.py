@@ -49,7 +49,7 @@ from torchrec.distributed.types import (
 )
 
 from ...config import FrugalConfig, check_real
-from ...estimate.cost_model import CACHE_RATIO_CHOICES, CostModel, Plan, PlanChoice, StepCost, Workload
+from ...estimate.cost_model import CostModel, Plan, PlanChoice, StepCost, Workload, cache_ratio_choices
 from ...estimate.profiles import HardwareProfile
 from ..checkpoint import row_layout
 from ..embedding import FrugalEmbeddingCollectionSharder
@@ -353,7 +353,7 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
             return {}
         world = self._topology.world_size
         per_engine = world // nodes  # frugal: all ranks of the one node; frugal_row_wise: a node's ranks
-        ratios = [c for c in CACHE_RATIO_CHOICES if c <= 1.0 / per_engine] or [1.0 / per_engine]
+        ratios = [c for c in cache_ratio_choices(self._hardware) if c <= 1.0 / per_engine] or [1.0 / per_engine]
         self._choice = choose(
             tables, self._hardware, self._batch_size, world, ratios, self._id_counts, self._zipf_s, nodes
         )

@@ -175,7 +175,8 @@ def test_two_nodes_plan_by_the_cost_model(tmp_path):
     args = TINY + ["--steps", "30", "--count-comm", "--sharder", "frugal", "--hardware", str(tmp_path / "slow_a2a.json")]
     s = run_train_nodes(train_py, args, nodes=2, nproc=2, timeout_s=300)
     assert set(s["plan"]["shardings"].values()) == {"frugal_row_wise"}, s["plan"]
-    assert s["plan"]["lookahead"] == s["lookahead"] and 0 < s["plan"]["cache_ratio"] <= 0.5
+    # a CPU device is host memory: no cache is among the choices (cache_ratio_choices)
+    assert s["plan"]["lookahead"] == s["lookahead"] and 0 <= s["plan"]["cache_ratio"] <= 0.5
     assert s["comm"]["bytes_within_node_per_step"] == 0 and s["comm"]["bytes_between_nodes_per_step"] > 0
 
 

@@ -6,6 +6,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .datasets import CACHE_RATIO, LOOKAHEAD
 from .priorities import QUEUE_KINDS
 OPTIMIZER_KINDS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
 HOST_PATHS = ("auto", "zero_copy", "pinned")
@@ -49,8 +50,8 @@ class FrugalConfig:
         the mailbox follows the batch, not the tables.
     """
 
-    lookahead: int = 10
-    cache_ratio: float = 0.05
+    lookahead: int = LOOKAHEAD
+    cache_ratio: float = CACHE_RATIO
     flush_workers: Optional[int] = None
     queue: str = "two_level"
     flush_chunk_rows: int = 8192

@@ -74,7 +74,8 @@ CACHE_RATIOS: Tuple[float, ...] = (0.01, 0.05, 0.1)
 LOOKAHEAD = 10
 """The paper's lookahead window L (it swept 2..14)."""
 CACHE_RATIO = 0.05
-"""The DLRM example's default cache ratio (the middle of the paper's sweep)."""
+"""The default cache ratio (the middle of the paper's sweep): ``FrugalConfig``'s, the DLRM
+example's, and the KG example's on a GPU."""
 EMBEDDING_DIM = 32
 
 

@@ -16,9 +16,11 @@ the number of ranks (see ``sampler.py``); every table starts from a sharding-ind
 init. So one process and N ranks train on the same data from the same start, and with TorchRec's
 gradient division take the same steps: their MRR agrees (tests check the parameters).
 
-``--loader-workers N`` (default 1) DataLoader worker processes make the batches ahead, off the
-training thread, in page-locked memory on CUDA, as a TorchRec input pipeline does; 0 makes them on
-the training thread. The batches and their order are the same, so the trained tables are too.
+``--loader-workers N`` DataLoader worker processes make the batches ahead, off the training
+thread, in page-locked memory on CUDA, as a TorchRec input pipeline does; 0 makes them on the
+training thread. By default a rank with more than one core has one worker, a rank with one core
+none (:func:`default_loader_workers`). The batches and their order are the same, so the trained
+tables are too.
 
 ``samples_per_second`` counts positive triples per second after ``--warmup`` steps, all ranks
 together. Evaluation: filtered MRR and Hits@1/3/10 on the test split (``--eval-split``), each test
@@ -103,7 +105,15 @@ def fused_params(args: argparse.Namespace) -> Dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": args.lr, "eps": 1e-8}
 
 
-ACCELERATOR_CACHE_RATIO = 0.05
+ACCELERATOR_CACHE_RATIO = FrugalConfig().cache_ratio
+
+
+def default_loader_workers(cores_per_rank: int) -> int:
+    """One worker process where the rank has a core to spare for it, else none. A worker bound
+    to the rank's only core takes the CPU the rank would have spent making the batch, and more:
+    receiving a batch from a worker costs the training thread more than making it (measured in
+    docs/performance.md, "Batches made on the training thread")."""
+    return 1 if cores_per_rank > 1 else 0
 
 
 def default_cache_ratio(device: torch.device) -> float:
@@ -254,8 +264,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=512, help="positive triples per step, all ranks together")
     p.add_argument("--chunk-size", type=int, default=64, help="positives that share one set of negatives")
     p.add_argument("--negatives", type=int, default=64, help="negatives per chunk")
-    p.add_argument("--loader-workers", type=int, default=1,
-                   help="worker processes that make batches ahead, off the training thread (0: on it)")
+    p.add_argument("--loader-workers", type=int, default=None,
+                   help="worker processes that make batches ahead, off the training thread (0: on it); "
+                        "none: 1 where a rank has more than one core, else 0")  # fmt: skip
     p.add_argument("--lr", type=float, default=0.1, help="entity table (fused row-wise Adagrad)")
     p.add_argument("--relation-lr", type=float, default=0.1, help="relations (Adagrad on the rows a step touches)")
     p.add_argument("--steps", type=int, default=1000, help="training steps")
@@ -290,7 +301,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     check_hardware(p, args)
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
-    if args.loader_workers < 0:
+    if args.loader_workers is not None and args.loader_workers < 0:
         p.error("--loader-workers must be >= 0")
     check_data_path(p, args)
     return args
@@ -345,6 +356,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if args.sharder == "torchrec":
         require_cuda_fbgemm(device, "--sharder torchrec")
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
+    if args.loader_workers is None:
+        cores_per_rank = len(cores) if cores is not None else (os.cpu_count() or 1) // local_world
+        args.loader_workers = default_loader_workers(cores_per_rank)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
     data = read_data(args, rank)
@@ -470,6 +484,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "backend": backend,
         "device": device.type,
         "threads_per_rank": threads,
+        "loader_workers": args.loader_workers,
         "cores_per_rank": None if cores is None else len(cores),
         "batch_size": args.batch_size,
         "chunk_size": args.chunk_size,

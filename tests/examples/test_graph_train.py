@@ -98,6 +98,17 @@ def test_the_default_cache_ratio_is_the_devices(synthetic_runs) -> None:
     assert default_cache_ratio(torch.device("cuda", 0)) == ACCELERATOR_CACHE_RATIO > 0
 
 
+def test_the_default_loader_workers_are_the_cores(synthetic_runs) -> None:
+    """A loader worker only where a rank has a core to spare for it (the number asked for is used:
+    test_loader_workers_train_the_training_threads_tables)."""
+    from examples.graph.train import default_loader_workers
+
+    assert (default_loader_workers(1), default_loader_workers(2), default_loader_workers(16)) == (0, 1, 1)
+    s = synthetic_runs["frugal_defaults"]
+    cores = s["cores_per_rank"] if s["cores_per_rank"] is not None else (os.cpu_count() or 1) // s["world_size"]
+    assert s["loader_workers"] == default_loader_workers(cores)
+
+
 def test_frugal_summary(synthetic_runs) -> None:
     s = synthetic_runs["frugal"]
     for k in ("sharder", "dataset", "model", "steps", "samples_per_second", "mrr", "hits_at_1", "hits_at_3", "hits_at_10"):
@@ -110,11 +121,12 @@ def test_frugal_summary(synthetic_runs) -> None:
 
 
 def test_loader_workers_train_the_training_threads_tables(tmp_path) -> None:
-    """Batches made by a DataLoader worker (--loader-workers 1, the default) train exactly what
+    """Batches made by a DataLoader worker (--loader-workers 1) train exactly what
     batches made on the training thread train: short Frugal runs on one rank, bit for bit."""
     short = SYNTHETIC + ["--steps", "40", "--no-eval", "--sharder", "frugal", "--lookahead", "4"]  # the last --steps wins
     inline = train(short + ["--loader-workers", "0"], 1, tmp_path, "inline")
     workers = train(short + ["--loader-workers", "1"], 1, tmp_path, "workers")
+    assert (inline["loader_workers"], workers["loader_workers"]) == (0, 1)
     assert inline["loss"] == workers["loss"]
     for key in ("entities", "relations"):
         assert torch.equal(inline["tables"][key], workers["tables"][key]), key

@@ -48,6 +48,8 @@ class OwnerUpdate:
         slots = store.slot_of[rows]
         if self.in_place:
             rows, slots, grads = self._update_in_host(iteration, rows, slots, grads)
+            if rows.shape[0] == 0:  # every row was updated in host memory (no cache: every step)
+                return rows
         fresh = slots < 0
         if fresh.any():
             new_rows = rows[fresh]

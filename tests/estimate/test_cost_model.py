@@ -18,11 +18,13 @@ from torchrec_frugal.estimate.calibrate import (
     thread_efficiency,
 )
 from torchrec_frugal.estimate.cost_model import (
+    FRUGAL,
     SHARDINGS,
     TERMS,
     CostModel,
     CostTable,
     DenseModel,
+    frugal_offered,
     planner_shardings,
     shardings_for,
     Plan,
@@ -236,6 +238,20 @@ def test_the_chosen_plan_is_never_predicted_slower_than_a_uniform_one(hw_name):
         assert model.predict(w, plan).step_s == pytest.approx(cost.step_s)
     assert model.predict(w, choice.plan).step_s == pytest.approx(choice.cost.step_s)
     assert list(choice.predicted())[0] == "plan"
+
+
+def test_one_rank_on_a_host_memory_device_is_not_offered_frugal():
+    """One CPU rank: Frugal has no all-to-all to spare and no link to the host table, so the
+    planner leaves it out (unless a table may take nothing else); on a GPU it stays a choice."""
+    cpu, gpu = CostModel(load_profile("cpu")), CostModel(load_profile("rtx3090"))
+    assert (frugal_offered(cpu.hw, 1), frugal_offered(cpu.hw, 2), frugal_offered(gpu.hw, 1)) == (False, True, True)
+    one = choose_plan(cpu, workload(world=1))
+    assert FRUGAL not in one.uniform and FRUGAL not in one.plan.groups(workload(world=1))
+    assert set(one.uniform) == set(planner_shardings(1, "cpu")) - {FRUGAL}
+    fixed = choose_plan(cpu, workload(world=1), candidates={"t0": (FRUGAL,)})
+    assert fixed.plan.sharding_of("t0") == FRUGAL
+    assert FRUGAL in choose_plan(cpu, workload(world=2)).uniform
+    assert FRUGAL in choose_plan(gpu, workload(world=1)).uniform
 
 
 def test_the_choice_mixes_when_each_sharding_suits_different_tables():

@@ -16,7 +16,7 @@ By job: :mod:`.workload` (what is priced), :mod:`.traffic` (rows per step), :mod
 from .frugal import TABLE_TERMS, FrugalCost, frugal_table_terms
 from .model import DEVICE_TERMS, HOST_TERMS, CostModel
 from .primitives import Primitives, assign_tables, llc_shares
-from .search import CACHE_RATIO_CHOICES, LOOKAHEAD_CHOICES, cache_ratio_choices, PLANNER_SHARDINGS, UVM_LOAD_FACTOR_CHOICES, PlanChoice, choose_plan, frugal_kind, planner_shardings, predict_all, recommend_frugal, recommend_stock, shardings_for
+from .search import CACHE_RATIO_CHOICES, LOOKAHEAD_CHOICES, cache_ratio_choices, frugal_offered, PLANNER_SHARDINGS, UVM_LOAD_FACTOR_CHOICES, PlanChoice, choose_plan, frugal_kind, planner_shardings, predict_all, recommend_frugal, recommend_stock, shardings_for
 from .stock import StockCost
 from .traffic import TableTraffic, flush_rate, table_traffic
 from .uvm import UvmCost, uvm_cache
@@ -29,6 +29,6 @@ __all__ = [
     "UVM_CHOICES", "UVM_KERNELS", "UVM_LOAD_FACTOR", "UVM_LOAD_FACTOR_CHOICES", "UVM_SHARDINGS", "CostModel",
     "CostTable", "DenseModel", "FrugalCost", "Plan", "PlanChoice", "Primitives", "RowDistribution", "StepCost",
     "StockCost", "TableTraffic", "UvmCost", "Workload", "assign_tables", "cache_ratio_choices", "llc_shares", "choose_plan", "flush_rate", "frugal_kind",
-    "planner_shardings", "predict_all", "recommend_frugal", "recommend_stock", "shardings_for", "split_choice",
+    "frugal_offered", "planner_shardings", "predict_all", "recommend_frugal", "recommend_stock", "shardings_for", "split_choice",
     "table_traffic", "uvm_cache", "TABLE_TERMS", "frugal_table_terms",
 ]  # fmt: skip

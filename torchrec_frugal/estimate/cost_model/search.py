@@ -23,6 +23,16 @@ def cache_ratio_choices(hw: HardwareProfile) -> Tuple[float, ...]:
     return ((0.0,) if hw.device_is_host else ()) + CACHE_RATIO_CHOICES
 
 
+def frugal_offered(hw: HardwareProfile, world_size: int) -> bool:
+    """Whether the planner offers Frugal to ``world_size`` ranks on ``hw``. Not to one rank whose
+    device is host memory: there Frugal has nothing to save (no peer to spare an all-to-all, no
+    link between the device and the host table), while its engine's threads still run in the
+    rank's process beside the step's. The model prices that as a tie with stock; measured, every
+    such run was slower than the best stock plan (docs/cost_model.md, "The planner with the
+    shipped profile")."""
+    return world_size > 1 or not hw.device_is_host
+
+
 def frugal_kind(nodes: int) -> str:
     """Frugal's sharding on ``nodes`` machines: ``frugal`` on one, ``frugal_row_wise`` across several."""
     return FRUGAL if nodes == 1 else FRUGAL_ROW_WISE
@@ -134,7 +144,7 @@ def choose_plan(
     least predicted step time.
 
     ``candidates`` maps each table to the shardings it may take (default: ``planner_shardings``;
-    a table with one candidate is fixed). A local search starts from each uniform plan (every
+    a table with one candidate is fixed; Frugal only where :func:`frugal_offered`). A local search starts from each uniform plan (every
     table on one sharding where it allows it, Frugal's settings tuned) and alternates: each table
     in turn, largest first, moves to the sharding that lowers the predicted step of the whole
     mixed plan (``CostModel.predict``); then the cache ratio and L are tuned for the assignment;
@@ -146,6 +156,8 @@ def choose_plan(
     names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
     ratios = cache_ratio_choices(model.hw) if cache_ratios is None else cache_ratios
     cand = {n: tuple((candidates or {}).get(n, planner_shardings(w.nodes, model.hw.device))) for n in names}
+    if not frugal_offered(model.hw, w.world_size):  # a table that may only be Frugal's keeps it
+        cand = {n: tuple(s for s in c if s not in FRUGAL_KINDS) or c for n, c in cand.items()}
     if any(not c for c in cand.values()):
         raise ValueError("every table needs at least one candidate sharding")
 

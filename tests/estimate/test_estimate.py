@@ -85,6 +85,16 @@ def test_the_module_runs_without_the_repository_examples(tmp_path):
     assert "samples/s" in r.stdout
 
 
+def test_the_verdict_on_one_cpu_rank_says_frugal_is_not_offered(capsys):
+    """As the planner (frugal_offered): one rank of a host-memory device gets no Frugal, and the
+    rank counts where Frugal is predicted faster leave one rank out."""
+    assert main(["--config", "criteo-kaggle", "--gpus", "1", "--batch-size", "128", "--hardware", "cpu"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "does not offer Frugal to one rank" in first and "predicted faster at 1," not in first
+    assert main(["--config", "criteo-kaggle", "--gpus", "2", "--batch-size", "1024", "--hardware", "cpu"]) == 0
+    assert "does not offer" not in capsys.readouterr().out.splitlines()[0]
+
+
 def test_the_verdict_opens_the_output_and_offloading_is_priced_where_nothing_fits(capsys):
     assert main(["--config", "criteo-tb", "--scale", "1", "--gpus", "2", "--batch-size", "1024",
                  "--hardware", "rtx3090"]) == 0  # fmt: skip

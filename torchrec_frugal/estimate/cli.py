@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .cost_model import FRUGAL_KINDS, TERMS, CostModel, CostTable, DenseModel, Plan, StepCost, Workload, frugal_kind, predict_all, recommend_frugal, shardings_for
-from ..datasets import DATASETS, DatasetConfig, ModelConfig, SkewConfig
+from .cost_model import FRUGAL_KINDS, TERMS, CostModel, CostTable, DenseModel, Plan, StepCost, Workload, frugal_kind, frugal_offered, predict_all, recommend_frugal, shardings_for
+from ..datasets import CACHE_RATIO, DATASETS, LOOKAHEAD, DatasetConfig, ModelConfig, SkewConfig
 from .profiles import HardwareProfile, ProfileError, builtin_profiles, load_profile
 
 PRESAMPLE_STEPS = 50  # examples/dlrm/train.py --presample-steps: batches per rank counted for the hot rows
@@ -129,7 +129,8 @@ def size_text(config: str, scale: Optional[float], rows: int) -> str:
 
 def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCost], hw: HardwareProfile,
             rows: int) -> str:
-    """One line: the fastest choice that fits against Frugal, and where Frugal is predicted faster."""
+    """One line: the fastest choice that fits against Frugal, and where Frugal is predicted faster
+    (among the rank counts where the planner offers it, :func:`frugal_offered`)."""
     kind = frugal_kind(args.nodes)
     where = f"{args.nodes} nodes x {args.gpus}" if args.nodes > 1 else f"{args.gpus}x"
     head = f"on {where} {hw.name}, {args.config} {size_text(args.config, args.scale, rows)}, batch {args.batch_size}"
@@ -139,7 +140,10 @@ def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCos
         return f"{head}: no stock choice fits; Frugal {'fits' if fr.fits else 'does not fit either'}"
     best = max(stock, key=lambda n: stock[n].samples_per_second)
     ratio = stock[best].samples_per_second / fr.samples_per_second
-    if not fr.fits:
+    if not frugal_offered(hw, args.gpus * args.nodes):
+        line = (f"{head}: {best} is the fastest stock choice; the planner does not offer Frugal to one rank whose device is host memory "
+                "(no peer, no link: nothing to save; measured slower than stock, docs/cost_model.md)")
+    elif not fr.fits:
         line = f"{head}: {best} fits and Frugal does not"
     elif ratio >= 1.0:
         line = f"{head}: {best} fits and is predicted {ratio:.2f}x faster than Frugal"
@@ -147,6 +151,8 @@ def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCos
         line = f"{head}: Frugal is predicted {1 / ratio:.2f}x faster than the best stock choice ({best})"
     wins = []
     for n in sorted({1, 2, 4, 8} | {args.gpus}):
+        if not frugal_offered(hw, n * args.nodes):
+            continue
         if n == args.gpus:
             c = costs
         else:
@@ -199,8 +205,8 @@ def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], titl
 def _fixed_frugal(args: argparse.Namespace) -> Optional[Plan]:
     if args.cache_ratio is None and args.lookahead is None:
         return None
-    return Plan(frugal_kind(args.nodes), cache_ratio=0.05 if args.cache_ratio is None else args.cache_ratio,
-                lookahead=10 if args.lookahead is None else args.lookahead)  # fmt: skip
+    return Plan(frugal_kind(args.nodes), cache_ratio=CACHE_RATIO if args.cache_ratio is None else args.cache_ratio,
+                lookahead=LOOKAHEAD if args.lookahead is None else args.lookahead)  # fmt: skip
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

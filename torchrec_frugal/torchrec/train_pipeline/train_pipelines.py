@@ -163,8 +163,10 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 self._warned_stock = True
                 warnings.warn(
                     "FrugalTrainPipeline: the model has no frugal table (every table is on a stock sharding), so it "
-                    "trains as TrainPipelineSparseDist; shard it with FrugalEmbeddingBagCollectionSharder (or "
-                    "FrugalEmbeddingCollectionSharder) given to DistributedModelParallel for frugal tables",
+                    "trains as TrainPipelineSparseDist. FrugalShardingPlanner(hardware=...) chooses stock shardings "
+                    "where it predicts them faster (its plan report says so); otherwise give "
+                    "FrugalEmbeddingBagCollectionSharder (or FrugalEmbeddingCollectionSharder) to "
+                    "DistributedModelParallel for frugal tables",
                     stacklevel=2,
                 )
             window = min((m.lookahead() for m in self._frugal), default=0)

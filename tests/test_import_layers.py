@@ -25,6 +25,7 @@ LAYER_OF: Dict[str, str] = {
     "int_sort": "base",
     "metrics": "base",
     "presample": "base",
+    "quiet_exit": "base",
     "priorities": "base",
     "stack": "base",
     "workload": "base",

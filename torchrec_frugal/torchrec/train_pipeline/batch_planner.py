@@ -185,7 +185,10 @@ class BatchPlanner:
     def __init__(self) -> None:
         self._planning = _Planning()
         self._worker = Worker("frugal-planner", self._planning.fail, idle=self._planning.plan_next)
-        self._finalizer = weakref.finalize(self, _stop, self._worker, self._planning, 0.0)
+        # Collected or at exit, the planner waits for the job it runs, as close() does: a thread
+        # still inside a torch op when the interpreter finalizes aborts the process (the op's
+        # release of the GIL cannot unwind), and the engines it reads close after it.
+        self._finalizer = weakref.finalize(self, _stop, self._worker, self._planning, None)
 
     def submit(
         self,

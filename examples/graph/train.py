@@ -355,10 +355,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         args.cache_ratio = default_cache_ratio(device)
     if args.sharder == "torchrec":
         require_cuda_fbgemm(device, "--sharder torchrec")
-    threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
+    cores_of_rank = (os.cpu_count() or 1) // local_world
+    threads = args.threads or max(1, cores_of_rank)
     if args.loader_workers is None:
-        cores_per_rank = len(cores) if cores is not None else (os.cpu_count() or 1) // local_world
-        args.loader_workers = default_loader_workers(cores_per_rank)
+        args.loader_workers = default_loader_workers(len(cores) if cores is not None else cores_of_rank)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
     data = read_data(args, rank)

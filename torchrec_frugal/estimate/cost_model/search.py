@@ -144,14 +144,14 @@ def choose_plan(
     least predicted step time.
 
     ``candidates`` maps each table to the shardings it may take (default: ``planner_shardings``;
-    a table with one candidate is fixed; Frugal only where :func:`frugal_offered`). A local search starts from each uniform plan (every
-    table on one sharding where it allows it, Frugal's settings tuned) and alternates: each table
-    in turn, largest first, moves to the sharding that lowers the predicted step of the whole
-    mixed plan (``CostModel.predict``); then the cache ratio and L are tuned for the assignment;
-    until a round changes nothing. The best end point wins. The step is not a sum of per-table
-    costs (shared all-to-all latencies, the engine's fixed work, the gate stall, contention), so
-    every move is priced on the whole plan; the result is never predicted slower than the best
-    uniform plan.
+    a table with one candidate is fixed; Frugal only where :func:`frugal_offered`). A local search
+    starts from each uniform plan (every table on one sharding where it allows it, Frugal's
+    settings tuned) and alternates: each table in turn, largest first, moves to the sharding that
+    lowers the predicted step of the whole mixed plan (``CostModel.predict``); then the cache
+    ratio and L are tuned for the assignment; until a round changes nothing. The best end point
+    wins. The step is not a sum of per-table costs (shared all-to-all latencies, the engine's
+    fixed work, the gate stall, contention), so every move is priced on the whole plan; the
+    result is never predicted slower than the best uniform plan.
     """
     names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
     ratios = cache_ratio_choices(model.hw) if cache_ratios is None else cache_ratios

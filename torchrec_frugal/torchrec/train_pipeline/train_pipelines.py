@@ -164,7 +164,8 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 warnings.warn(
                     "FrugalTrainPipeline: the model has no frugal table (every table is on a stock sharding), so it "
                     "trains as TrainPipelineSparseDist. FrugalShardingPlanner(hardware=...) chooses stock shardings "
-                    "where it predicts them faster (its plan report says so); otherwise give "
+                    "where it predicts them faster or where it does not offer Frugal (one rank on CPU; its "
+                    "plan report says so); otherwise give "
                     "FrugalEmbeddingBagCollectionSharder (or FrugalEmbeddingCollectionSharder) to "
                     "DistributedModelParallel for frugal tables",
                     stacklevel=2,

@@ -9,7 +9,8 @@ GIL to do it. If the interpreter is finalizing by then, CPython ends that thread
 ("terminate called without an active exception"), SIGABRT, and a run that had finished is
 reported failed. A busy machine delays the worker long enough: the gradient all-reduce of
 DistributedDataParallel's last backward and the pipeline's last batch agreement were both caught
-so (docs/robustness.md, "A clean exit", has the backtraces and the rates). PyTorch does not prevent it.
+so (docs/robustness.md, "A clean exit", has the backtraces and the rates). PyTorch does not
+prevent it.
 
 So at exit, after the engines and batch planners have stopped (their finalizers are created after
 this one, which is created at import, and finalizers run newest first), the main thread releases

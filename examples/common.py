@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -169,6 +170,36 @@ def stock_constraints(tables: Sequence[str], sharding: str) -> Dict[str, Paramet
     return {t: ParameterConstraints(sharding_types=[sharding], compute_kernels=[kernel]) for t in tables}
 
 
+@dataclass(frozen=True)
+class PlannedSharding:
+    """What :func:`shard_plan` settled on: the sharder and plan for DistributedModelParallel, and
+    the cache ratio and lookahead the frugal tables run with, as planned (with ``--hardware`` the
+    planner's choice, not the options'): the run's plan line, its train pipeline and its summary
+    report these."""
+
+    sharder: nn.Module
+    plan: ShardingPlan
+    lookahead: Optional[int]  # the window the engines use; None under the stock sharder
+    cache_ratio: Optional[float]  # the smallest a frugal table got; None without a frugal table
+
+    @property
+    def shardings(self) -> Dict[str, str]:
+        """Each table's sharding type."""
+        return plan_shardings(self.plan)
+
+    def describe(self) -> str:
+        """``frugal x20, table_wise x6 (cache 0.05, L=10)``, without the counts for one table and
+        without the cache and L where no table is frugal: the run's plan line."""
+        counts: Dict[str, int] = {}
+        for kind in self.shardings.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        kinds = ", ".join(f"{k} x{n}" for k, n in order) if len(self.shardings) > 1 else order[0][0]
+        if self.cache_ratio is None:
+            return kinds
+        return f"{kinds} (cache {self.cache_ratio:g}, L={self.lookahead})"
+
+
 def shard_plan(
     args: argparse.Namespace,
     model: nn.Module,
@@ -177,18 +208,16 @@ def shard_plan(
     stock_sharder: Callable[[], nn.Module],
     frugal_sharder: Callable[[FrugalConfig], nn.Module],
     batch_per_rank: Optional[int] = None,
-) -> Tuple[nn.Module, ShardingPlan]:
-    """(sharder, plan) of ``--sharder`` (collective: rank 0 plans, the others receive the plan).
+) -> PlannedSharding:
+    """The sharder and plan of ``--sharder`` (collective: rank 0 plans, the others receive the plan).
 
     torchrec: ``stock_sharder()`` under TorchRec's planner, every table of ``tables`` on ``--sharding``.
     frugal: ``frugal_sharder(config)`` under FrugalShardingPlanner, which sizes the caches (at most
     ``--cache-ratio`` per rank, less if device memory is short); on several nodes (LOCAL_WORLD_SIZE
     below the world size) it puts the tables on frugal_row_wise, as ``--sharding frugal_row_wise``
-    asks explicitly. With ``--hardware`` the planner
-    chooses each table's sharding, the cache ratio and L by the cost model; the chosen L (0 when no
-    table went frugal) is written back to ``args.lookahead`` so that the train pipeline runs the
-    window the engines use;
-    ``batch_per_rank`` is the batch the model prices.
+    asks explicitly. With ``--hardware`` the planner chooses each table's sharding, the cache ratio
+    and L by the cost model (L is 0 when no table went frugal: nothing to read ahead for);
+    ``batch_per_rank`` is the batch the model prices. ``args`` is left as parsed.
     """
     pg = dist.GroupMember.WORLD
     world = dist.get_world_size(pg)
@@ -216,16 +245,18 @@ def shard_plan(
         stock = sorted({t for t in plan_shardings(plan).values() if t != FRUGAL})
         if stock:  # frugal_row_wise's dists and stock tables run FBGEMM ops on the device
             require_cuda_fbgemm(device, f"this plan ({', '.join(stock)} tables)")
-        if hardware is not None:  # the chosen L (none: the plan has no frugal table, nothing to read ahead for)
-            args.lookahead = planner.lookahead if planner.lookahead is not None else 0
-        return planner.sharders()[0], plan  # the sharder with the planner's L (the one given stays as it was)
+        lookahead = config.lookahead
+        if hardware is not None:
+            lookahead = planner.lookahead if planner.lookahead is not None else 0
+        # the planner's sharder carries its L (the one given stays as it was)
+        return PlannedSharding(planner.sharders()[0], plan, lookahead, planned_cache_ratio(plan))
     sharder = stock_sharder()
     planner = EmbeddingShardingPlanner(
         topology=topo,
         constraints=stock_constraints(tables, args.sharding),
         storage_reservation=stock_storage_reservation(model, [sharder]),
     )
-    return sharder, planner.collective_plan(model, [sharder], pg)
+    return PlannedSharding(sharder, planner.collective_plan(model, [sharder], pg), None, None)
 
 
 def stock_storage_reservation(model: nn.Module, sharders: Sequence[nn.Module], percentage: float = 0.15) -> Any:
@@ -326,12 +357,13 @@ def combined_optimizer(dmp: nn.Module, dense: Callable[[List[torch.Tensor]], tor
     return CombinedOptimizer([dmp.fused_optimizer, dense_opt])  # type: ignore[list-item]
 
 
-def train_pipeline(args: argparse.Namespace, dmp: nn.Module, opt: Any, device: torch.device) -> Any:
-    """The train pipeline of ``--sharder``: Frugal's lookahead pipeline, or TorchRec's TrainPipelineSparseDist."""
-    if args.sharder == "frugal":
+def train_pipeline(planned: PlannedSharding, dmp: nn.Module, opt: Any, device: torch.device) -> Any:
+    """The train pipeline of the plan's sharder: Frugal's lookahead pipeline reading the planned
+    window ahead, or TorchRec's TrainPipelineSparseDist."""
+    if planned.lookahead is not None:
         from torchrec_frugal.torchrec import FrugalTrainPipeline
 
-        return FrugalTrainPipeline(dmp, opt, device, lookahead=args.lookahead)
+        return FrugalTrainPipeline(dmp, opt, device, lookahead=planned.lookahead)
     return TrainPipelineSparseDist(dmp, opt, device)
 
 

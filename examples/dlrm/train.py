@@ -71,8 +71,6 @@ from examples.common import (
     combined_optimizer,
     gather_cat,
     init_distributed,
-    plan_shardings,
-    planned_cache_ratio,
     progress_bar,
     require_cuda_fbgemm,
     reseed_tables,
@@ -336,8 +334,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if rank == 0:
         print(
             f"[dlrm] {describe(cfg, rows)}; model {cfg.model.kind}; {world} ranks ({backend}, {device.type}, "
-            f"{threads} threads each); batch {cfg.batch_size}/rank; sharder {args.sharder}"
-            + (f" ({args.sharding})" if args.sharder == "torchrec" else f" (cache {cfg.cache_ratio:g}, L={cfg.lookahead})"),
+            f"{threads} threads each); batch {cfg.batch_size}/rank; sharder {args.sharder}",
             flush=True,
         )
 
@@ -347,7 +344,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     batches, presample = data_iterator(args, cfg, rows, rank, world, start)
     model = build_model(cfg, rows, device, args.init_perturbation)
     t_setup = time.perf_counter()
-    sharder, plan = shard_plan(
+    planned = shard_plan(
         args,
         model,
         device,
@@ -356,16 +353,17 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         functools.partial(frugal_sharder, cfg, presample),
         batch_per_rank=cfg.batch_size,
     )
-    plan_info = {"planned_cache_ratio": planned_cache_ratio(plan)} if args.sharder == "frugal" else {}
+    if rank == 0:
+        print(f"[dlrm] plan: {planned.describe()}", flush=True)
     dmp = DistributedModelParallel(
-        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(pg),  # type: ignore[list-item]
+        module=model, device=device, plan=planned.plan, sharders=[planned.sharder], env=ShardingEnv.from_process_group(pg),  # type: ignore[list-item]
         data_parallel_wrapper=ckpt.data_parallel_wrapper(),
     )
     # A frugal engine over one node initializes its whole tables with init_fn; every other sharding
     # hands init_fn a block of rows that need not say where it starts (a frugal_row_wise engine's,
     # a stock row_wise shard's): those tables take the seeded values through the state_dict.
     inits = table_inits(cfg, rows, args.init_perturbation)
-    reseed_tables(dmp, {t: inits[t] for t, kind in plan_shardings(plan).items() if kind != "frugal"})
+    reseed_tables(dmp, {t: inits[t] for t, kind in planned.shardings.items() if kind != "frugal"})
     dense_cls = torch.optim.Adagrad if cfg.dense_optimizer == "adagrad" else torch.optim.SGD
     opt = combined_optimizer(dmp, lambda ps: dense_cls(ps, lr=cfg.dense_lr))
     window = max(1, min(args.auc_window, args.steps))
@@ -378,7 +376,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             print(f"[checkpoint] resumed from {resume[1]} (step {start} of {args.steps})", flush=True)
     losses, logit_buf, label_buf, first_logits, first_labels = (metric_bufs[k] for k in METRIC_BUFFERS)  # updated in place
     step_losses: List[torch.Tensor] = []  # every step this run trains, for the summary's "step_losses"
-    pipeline = train_pipeline(args, dmp, opt, device)
+    pipeline = train_pipeline(planned, dmp, opt, device)
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
     bar = progress_bar(rank, args)
@@ -498,7 +496,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "threads_per_rank": threads,
         "batch_size": cfg.batch_size,
         "cache_ratio": cfg.cache_ratio if args.sharder == "frugal" else None,
-        "lookahead": args.lookahead if args.sharder == "frugal" else None,  # the planner's, with --hardware
+        "lookahead": planned.lookahead,  # the planner's, with --hardware
         "data": args.data,
         "steps": steps_done,
         "warmup_steps": args.warmup,
@@ -515,8 +513,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "resumed_from_step": start if resume else None,
         "checkpoint_steps": ckpt.written,
         "checkpoint_s": ckpt.seconds,
-        "plan": {"shardings": plan_shardings(plan), "hardware": args.hardware, "lookahead": args.lookahead,
-                 "cache_ratio": planned_cache_ratio(plan)} if args.sharder == "frugal" else None,
+        "plan": {"shardings": planned.shardings, "hardware": args.hardware, "lookahead": planned.lookahead,
+                 "cache_ratio": planned.cache_ratio} if args.sharder == "frugal" else None,
         "frugal": None,
         "comm": None,
     }
@@ -541,7 +539,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             "queue": args.queue,
             "flush_workers": args.flush_workers,
             "engine_ms_per_step": _phase_ms(stats, phase_before, timed_steps, device),
-            **plan_info,
+            "planned_cache_ratio": planned.cache_ratio,
         }
     summary["intervals"] = intervals
     # each step's loss, the mean over ranks, from the first step this run trained ("step_losses_from")

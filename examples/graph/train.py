@@ -64,13 +64,13 @@ from examples import checkpointing
 from examples.common import (
     SHARDERS,
     FrugalStats,
+    PlannedSharding,
     add_frugal_arguments,
     bind_cores,
     check_hardware,
     check_steps,
     gather_cat,
     init_distributed,
-    planned_cache_ratio,
     progress_bar,
     require_cuda_fbgemm,
     shard_plan,
@@ -139,11 +139,11 @@ def shard(
     rank: int,
     device: torch.device,
     data_parallel_wrapper: Optional[Any] = None,
-) -> Tuple[DistributedModelParallel, Dict[str, Any]]:
-    """The model under ``--sharder`` (and ``--sharding``), plus facts about the plan;
+) -> Tuple[DistributedModelParallel, PlannedSharding]:
+    """The model under ``--sharder`` (and ``--sharding``), and what was planned;
     ``data_parallel_wrapper``: DistributedModelParallel's wrapper of the dense parameters."""
     presample = sampler.presample_counts(rank, args.presample_steps) if args.sharder == "frugal" else {}
-    sharder, plan = shard_plan(
+    planned = shard_plan(
         args,
         model,
         device,
@@ -153,15 +153,10 @@ def shard(
         batch_per_rank=max(1, args.batch_size // dist.get_world_size()),
     )
     dmp = DistributedModelParallel(
-        module=model, device=device, plan=plan, sharders=[sharder], env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),  # type: ignore[list-item]
+        module=model, device=device, plan=planned.plan, sharders=[planned.sharder], env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),  # type: ignore[list-item]
         data_parallel_wrapper=data_parallel_wrapper,
     )
-    info = {
-        "sharding": next(ps.sharding_type for mp in plan.plan.values() for ps in mp.values()),  # type: ignore[attr-defined]
-        # as planned: the planner sizes the cache (with --hardware, chooses it)
-        "cache_ratio": planned_cache_ratio(plan) if args.sharder == "frugal" else None,
-    }
-    return dmp, info
+    return dmp, planned
 
 
 def entity_state(dmp: nn.Module) -> Any:
@@ -244,6 +239,17 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------- training
+def machine_defaults(args: argparse.Namespace, device: torch.device, cores_per_rank: int) -> argparse.Namespace:
+    """The options as this rank runs them: a copy of ``args`` with the defaults that depend on the
+    device and the cores filled in (the cache ratio, the loader's workers)."""
+    resolved = argparse.Namespace(**vars(args))
+    if resolved.cache_ratio is None:
+        resolved.cache_ratio = default_cache_ratio(device)
+    if resolved.loader_workers is None:
+        resolved.loader_workers = default_loader_workers(cores_per_rank)
+    return resolved
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", choices=DATASETS, default="umls",
@@ -351,14 +357,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     """Train and evaluate on this rank; every rank returns the same summary."""
     cores = bind_cores() if args.bind_cores else None  # before the process group starts its threads
     rank, world, _local_rank, local_world, device, backend = init_distributed()
-    if args.cache_ratio is None:
-        args.cache_ratio = default_cache_ratio(device)
     if args.sharder == "torchrec":
         require_cuda_fbgemm(device, "--sharder torchrec")
     cores_of_rank = (os.cpu_count() or 1) // local_world
     threads = args.threads or max(1, cores_of_rank)
-    if args.loader_workers is None:
-        args.loader_workers = default_loader_workers(len(cores) if cores is not None else cores_of_rank)
+    args = machine_defaults(args, device, len(cores) if cores is not None else cores_of_rank)
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
     data = read_data(args, rank)
@@ -370,8 +373,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         print(
             f"[graph] {data.summary()}; {cfg.model} dim {cfg.dim}, {cfg.loss} loss; {world} ranks ({backend}, "
             f"{device.type}, {threads} threads each{f', bound to {len(cores)} core(s) each' if cores is not None and local_world > 1 else ''}); batch {args.batch_size} in chunks of {args.chunk_size} "
-            f"x {args.negatives} negatives; sharder {args.sharder}"
-            + (f" ({args.sharding})" if args.sharder == "torchrec" else f" (cache {args.cache_ratio:g}, L={args.lookahead})"),
+            f"x {args.negatives} negatives; sharder {args.sharder}",
             flush=True,
         )
 
@@ -389,8 +391,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     )
     # the relations' exchange in a group of its own: no ordering against the entity table's collectives
     model.relations.group = dist.new_group(backend=backend)
-    dmp, plan_info = shard(args, model, sampler, rank, device, ckpt.data_parallel_wrapper())
-    if args.sharder == "torchrec" or plan_info["sharding"] == "frugal_row_wise":
+    dmp, planned = shard(args, model, sampler, rank, device, ckpt.data_parallel_wrapper())
+    if rank == 0:
+        print(f"[graph] plan: {ENTITY_TABLE} table {planned.describe()}", flush=True)
+    sharding = planned.shardings[ENTITY_TABLE]
+    if args.sharder == "torchrec" or sharding == "frugal_row_wise":
         seed_entity_table(dmp, cfg, args.seed, through_engines=args.sharder == "frugal")
     opt = CombinedOptimizer([dmp.fused_optimizer])  # the relations step in their backward
     losses: List[torch.Tensor] = []
@@ -399,7 +404,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         losses = [t.to(device) for t in local["losses"]]  # the summary's loss window spans the resume
         if rank == 0:
             print(f"[checkpoint] resumed from {resume[1]} (step {start} of {args.steps})", flush=True)
-    pipeline = train_pipeline(args, dmp, opt, device)
+    pipeline = train_pipeline(planned, dmp, opt, device)
     stats = FrugalStats(dmp)
     setup_s = time.perf_counter() - t_setup
 
@@ -474,7 +479,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     elapsed_s = float(elapsed_all.max())
     summary: Dict[str, Any] = {
         "sharder": args.sharder,
-        "sharding": plan_info["sharding"],
+        "sharding": sharding,
         "dataset": data.name,
         "model": cfg.model,
         "entities": data.num_entities,
@@ -499,8 +504,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "eval_s": eval_s,
         "gate_stall_fraction": float((gate_all / elapsed_all).mean()) if stats.engines else 0.0,
         "setup_s": setup_s,
-        "cache_ratio": plan_info["cache_ratio"],
-        "lookahead": args.lookahead if args.sharder == "frugal" else None,
+        "cache_ratio": planned.cache_ratio,
+        "lookahead": planned.lookahead,
         "kge_config": asdict(cfg),
         "seed": args.seed,
         "resumed_from_step": start if resume else None,

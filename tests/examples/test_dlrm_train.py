@@ -29,7 +29,7 @@ def torchrun(args, tmp_path, nproc: int = 2, timeout: float = 240.0) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     assert "[dlrm] {" in proc.stdout
-    return json.loads(summary.read_text())
+    return dict(json.loads(summary.read_text()), stdout=proc.stdout)
 
 
 def check_summary(s: dict, sharder: str, steps: int = 40, world: int = 2) -> None:
@@ -120,11 +120,14 @@ def test_the_cost_model_plans_the_run_and_the_pipeline_follows_its_lookahead(tmp
         assert plan["hardware"] == "cpu" and len(plan["shardings"]) == 26
         assert set(plan["shardings"].values()) <= set(PLANNER_SHARDINGS)
         assert plan["lookahead"] in LOOKAHEAD_CHOICES and s["lookahead"] == plan["lookahead"]  # not the 7 asked for
+        line = next(x for x in s["stdout"].splitlines() if x.startswith("[dlrm] plan: "))
         if "frugal" in plan["shardings"].values():
             assert plan["cache_ratio"] in cache_ratio_choices(load_profile("cpu"))
             assert s["frugal"]["planned_cache_ratio"] == plan["cache_ratio"]
+            assert line.endswith(f"(cache {plan['cache_ratio']:g}, L={plan['lookahead']})"), line
         else:
             assert plan["lookahead"] == 0 and plan["cache_ratio"] is None and s["frugal"] is None
+            assert "L=" not in line and "cache" not in line, line
 
 
 @pytest.mark.slow

@@ -74,3 +74,40 @@ def test_bind_cores_gives_each_local_rank_its_block() -> None:
         share = len(allowed) // local_world
         want = allowed[local_rank * share : (local_rank + 1) * share] if share else None
         assert out.stdout.strip() == f"{want} {want or allowed}"
+
+
+def test_the_plan_line_reports_what_was_planned() -> None:
+    """The run's plan line names each kind of sharding with its tables, and for frugal tables the
+    planned cache ratio and L (with --hardware the planner's, not the options')."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT))
+    from examples.common import PlannedSharding
+
+    def plan(*kinds: str) -> SimpleNamespace:
+        return SimpleNamespace(plan={"m": {f"t{i}": SimpleNamespace(sharding_type=k) for i, k in enumerate(kinds)}})
+
+    mixed = PlannedSharding(None, plan("table_wise", "frugal", "frugal"), 2, 0.01)  # type: ignore[arg-type]
+    assert mixed.describe() == "frugal x2, table_wise x1 (cache 0.01, L=2)"
+    assert mixed.shardings == {"t0": "table_wise", "t1": "frugal", "t2": "frugal"}
+    stock = PlannedSharding(None, plan("row_wise"), None, None)  # type: ignore[arg-type]
+    assert stock.describe() == "row_wise"
+    assert PlannedSharding(None, plan("frugal"), 10, 0.0).describe() == "frugal (cache 0, L=10)"  # type: ignore[arg-type]
+
+
+def test_the_graph_example_fills_its_machine_defaults_in_a_copy() -> None:
+    """The cache ratio (none on a CPU device) and the loader's workers (none for a rank with one
+    core) are resolved for the device and cores in a copy: the parsed options stay as given."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from examples.graph.train import ACCELERATOR_CACHE_RATIO, machine_defaults, parse_args
+
+    args = parse_args(["--sharder", "frugal"])
+    cpu = machine_defaults(args, torch.device("cpu"), 1)
+    assert (cpu.cache_ratio, cpu.loader_workers) == (0.0, 0)
+    gpu = machine_defaults(args, torch.device("cuda", 0), 4)
+    assert (gpu.cache_ratio, gpu.loader_workers) == (ACCELERATOR_CACHE_RATIO, 1)
+    assert (args.cache_ratio, args.loader_workers) == (None, None)
+    given = machine_defaults(parse_args(["--cache-ratio", "0.2", "--loader-workers", "3"]), torch.device("cpu"), 1)
+    assert (given.cache_ratio, given.loader_workers) == (0.2, 3)

@@ -6,11 +6,13 @@ operators by self CPU time (ms per step) and the share of the step each thread s
 It also prints each thread's CPU time per step over the same steps, from the kernel's account
 (``/proc/self/task/*/schedstat``), by the thread's name: the engine's threads run no torch operators
 the profiler sees, and on a machine with as many cores as ranks their CPU is taken from the
-training threads. ``--no-ops`` leaves the profiler out (it slows the step) and keeps the CPU account;
+training threads; and each rank's minor page faults a step (a rank's first touch of a page of
+the shared host table is one). ``--no-ops`` leaves the profiler out (it slows the step) and keeps the CPU account;
 ``--python-profile PATH`` adds a cProfile of the training thread's and the exchange worker's Python
 calls over those steps, timed by each thread's CPU clock (its waits, and the time other threads
 take its core, left out); ``--cpu-split`` the training thread's own CPU time (not its waits) in the
-parts of its step (:data:`SPLIT`, inclusive: the lookup is part of the forward):
+parts of its step (:data:`SPLIT`, inclusive: the lookup is part of the forward); ``--timeline``
+(frugal) the spans of each step's critical path on both ranks (:class:`StepTimeline`):
 
     torchrun --nproc_per_node=2 benchmarks/profile_graph_step.py --dataset synthetic \\
         --synthetic-entities 2000000 --synthetic-triples 8000000 --model transe_l2 --dim 400 \\
@@ -24,6 +26,8 @@ import collections
 import cProfile
 import json
 import os
+import resource
+import statistics
 import sys
 import threading
 import time
@@ -100,6 +104,88 @@ class CpuSplit:
         return timed
 
 
+class StepTimeline:
+    """When each rank's step reaches the points of its critical path (``time.perf_counter``, one
+    clock for the machine's processes), per step: the gate opens (``begin_step`` returns), backward
+    hands the gradients over, the exchange worker starts the step, every rank's gradients are
+    staged, the owner's update is published (UPDATED). One frugal engine per rank (the example's);
+    the methods are wrapped, the engine is not changed."""
+
+    POINTS = ("gate_open", "handed_over", "worker_start", "all_staged", "updated")
+
+    def __init__(self) -> None:
+        from torchrec_frugal.engine.frugal_engine import FrugalEngine
+        from torchrec_frugal.engine.gradient_exchange import GradientExchange
+        from torchrec_frugal.engine.step_update import StepUpdate
+        from torchrec_frugal.host import control_record
+
+        self.at: Dict[str, Dict[int, float]] = {p: {} for p in self.POINTS}
+        at = self.at
+
+        def after(fn: Any, point: str) -> Any:
+            def wrapped(this: Any, *args: Any, **kwargs: Any) -> Any:
+                out = fn(this, *args, **kwargs)
+                at[point][args[0] if point == "all_staged" else out] = time.perf_counter()
+                return out
+
+            return wrapped
+
+        def before(fn: Any, point: str) -> Any:
+            def wrapped(this: Any, *args: Any, **kwargs: Any) -> Any:
+                at[point][args[0]] = time.perf_counter()
+                return fn(this, *args, **kwargs)
+
+            return wrapped
+
+        def set_counter(fn: Any) -> Any:
+            def wrapped(this: Any, field: int, value: int) -> None:
+                fn(this, field, value)
+                if field == control_record.UPDATED:
+                    at["updated"][value] = time.perf_counter()
+
+            return wrapped
+
+        FrugalEngine.begin_step = after(FrugalEngine.begin_step, "gate_open")  # type: ignore[method-assign]
+        StepUpdate.hand_over = before(StepUpdate.hand_over, "handed_over")  # type: ignore[method-assign]
+        StepUpdate.run = before(StepUpdate.run, "worker_start")  # type: ignore[method-assign]
+        GradientExchange.wait_staged = after(GradientExchange.wait_staged, "all_staged")  # type: ignore[method-assign]
+        control_record.Control.set = set_counter(control_record.Control.set)  # type: ignore[method-assign]
+
+    def report(self, steps: range) -> Optional[Dict[str, List[float]]]:
+        """Collective; on rank 0 :func:`timeline_spans` over ``steps`` (None elsewhere)."""
+        ranks: List[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, self.at)
+        return timeline_spans(ranks, steps) if dist.get_rank() == 0 else None
+
+
+def timeline_spans(ranks: List[Dict[str, Dict[int, float]]], steps: range) -> Dict[str, List[float]]:
+    """The median ms over ``steps`` (those with a next step on every rank) of each span of the
+    critical path, per rank, from every rank's :class:`StepTimeline` points (seconds by step)."""
+    steps = range(steps.start, min(steps.stop, min(len(r["gate_open"]) for r in ranks) - 1))
+
+    def span(a: str, b: str, later: int = 0) -> List[float]:
+        return [1e3 * statistics.median(r[b][s + later] - r[a][s] for s in steps) for r in ranks]
+
+    def after_all(point: str, of: Dict[int, float]) -> List[float]:
+        return [1e3 * statistics.median(r[point][s] - of[s] for s in steps) for r in ranks]
+
+    last_updated = {s: max(r["updated"][s] for r in ranks) for s in steps}
+    last_handed = {s: max(r["handed_over"][s] for r in ranks) for s in steps}
+    first_handed = {s: min(r["handed_over"][s] for r in ranks) for s in steps}
+    return {
+        "forward and backward (the gate open to the hand-over)": span("gate_open", "handed_over"),
+        "the hand-over to the exchange worker's start": span("handed_over", "worker_start"),
+        "the worker's start to every rank's gradients staged": span("worker_start", "all_staged"),
+        "the later rank's hand-over after the earlier's": [
+            1e3 * statistics.median(last_handed[s] - first_handed[s] for s in steps)] * len(ranks),
+        "the last rank's hand-over to every rank's gradients staged": after_all("all_staged", last_handed),
+        "every rank staged to UPDATED (the sum and the update)": span("all_staged", "updated"),
+        "the last owner's UPDATED to the next gate open": [
+            1e3 * statistics.median(r["gate_open"][s + 1] - last_updated[s] for s in steps) for r in ranks],
+        "step (gate open to gate open)": span("gate_open", "gate_open", later=1),
+    }  # fmt: skip
+
+
 class ProfiledPipeline:
     """A train pipeline whose ``progress`` runs under the profiler (``ops``) from step ``start``
     for ``steps`` steps, with every thread's CPU time over those steps."""
@@ -117,6 +203,7 @@ class ProfiledPipeline:
         self.step_s: List[float] = []
         self.cpu_ns: Dict[str, float] = {}
         self.wall_s = 0.0
+        self.minor_faults = 0  # the process's over the profiled steps
 
     @staticmethod
     def _engines() -> List[Any]:
@@ -128,6 +215,7 @@ class ProfiledPipeline:
                 self.prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
                 self.prof.__enter__()
             self.cpu_ns, self.wall_s = thread_cpu_ns(), time.perf_counter()
+            self.minor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             if self.split is not None:
                 self.split.on = True
             if self.python:
@@ -143,6 +231,7 @@ class ProfiledPipeline:
         self.calls += 1
         if self.calls == self.start + self.steps:
             after, self.wall_s = thread_cpu_ns(), time.perf_counter() - self.wall_s
+            self.minor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.minor_faults
             if self.split is not None:
                 self.split.on = False
             self.cpu_ns = {k: v - self.cpu_ns.get(k, 0.0) for k, v in after.items()}
@@ -219,6 +308,8 @@ def main() -> None:
     ap.add_argument("--profile-json", default=None)
     ap.add_argument("--no-ops", action="store_true", help="no torch.profiler: the threads' CPU time alone")
     ap.add_argument("--cpu-split", action="store_true", help="the training thread's CPU time in the parts of its step")
+    ap.add_argument("--timeline", action="store_true",
+                    help="frugal: the spans of each step's critical path, per rank (StepTimeline)")  # fmt: skip
     ap.add_argument("--python-profile", default=None, metavar="PATH",
                     help="also profile the Python calls (cProfile) of the training thread to PATH.rank<r> "
                          "and of the exchange worker to PATH.exchange.rank<r>")
@@ -228,6 +319,7 @@ def main() -> None:
     stock = graph_train.train_pipeline
 
     split = CpuSplit() if mine.cpu_split else None
+    timeline = StepTimeline() if mine.timeline else None
 
     def wrapped(*a: Any, **k: Any) -> ProfiledPipeline:
         made.append(ProfiledPipeline(stock(*a, **k), args.warmup, mine.profile_steps, not mine.no_ops,
@@ -238,6 +330,9 @@ def main() -> None:
     graph_train.FrugalStats = RecordingStats  # type: ignore[misc]
     summary = graph_train.train(args)
     p = made[0]
+    spans = timeline.report(range(args.warmup, args.warmup + mine.profile_steps)) if timeline is not None else None
+    faults: List[Any] = [None] * dist.get_world_size()  # minor page faults a step, per rank
+    dist.all_gather_object(faults, p.minor_faults / max(1, len(p.step_s)))
     if dist.get_rank() == 0 and p.step_s:
         rep = report(p, mine.profile_top)
         rep["samples_per_second"] = summary["samples_per_second"]
@@ -246,10 +341,16 @@ def main() -> None:
         print(f"[profile] step median {rep['step_ms_median']:.2f} ms; {summary['samples_per_second']:,.0f} triples/s")
         print(f"[profile] CPU per step by thread (wall {rep['wall_ms_per_step']:.2f} ms/step): " + ", ".join(
             f"{k} {v:.2f}" for k, v in rep["thread_cpu_ms_per_step"].items()))
+        rep["minor_faults_per_step_per_rank"] = faults
+        print("[profile] minor page faults a step, per rank: " + " / ".join(f"{f:.0f}" for f in faults))
         for label, ms in rep["training_thread_cpu_ms_per_step"].items():
             print(f"[profile] training thread CPU in {label}: {ms:.2f} ms/step")
         if "engine_ms_per_step" in rep:
             print("[profile] engine, ms per step: " + ", ".join(f"{k} {v:.2f}" for k, v in rep["engine_ms_per_step"].items()))
+        if spans is not None:
+            rep["timeline_ms_median_per_rank"] = spans
+            for label, per_rank in spans.items():
+                print(f"[profile] timeline, {label}: " + " / ".join(f"{ms:.2f}" for ms in per_rank) + " ms (median, per rank)")
         for tid, t in rep["threads"].items():
             print(f"[profile] thread {tid}: {t['total_ms']:.2f} ms/step self CPU")
             for name, ms in t["top"]:

@@ -261,6 +261,14 @@ def _reserve(fd: int, nbytes: int) -> None:
         os.pwrite(fd, chunk[: min(len(chunk), nbytes - off)], off)
 
 
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+"""Map every page of a segment when it is mapped (Linux). A rank that did not write a page itself
+would otherwise take a page fault at its first touch of each page of the host table, a step's
+random rows spread over a table of gigabytes: measured, 260 more faults a step on the rank that
+did not initialize the table, which made it the later rank at every meeting point
+(docs/performance.md, "The step's critical path")."""
+
+
 class SharedSegment:
     """One mapped shared-memory segment with typed tensor views."""
 
@@ -287,7 +295,7 @@ class SharedSegment:
                     f"shared segment {name} has {os.fstat(fd).st_size} bytes, expected {layout.nbytes}: "
                     "ranks disagree on table shapes"
                 )
-            self._mm = mmap.mmap(fd, layout.nbytes)
+            self._mm = mmap.mmap(fd, layout.nbytes, flags=mmap.MAP_SHARED | _POPULATE)
         finally:
             if not create:  # a creator keeps its fd (and lock) while the name exists
                 os.close(fd)

@@ -82,6 +82,28 @@ def test_create_attach_share_and_unlink():
     seg.unlink()  # unlinking twice is harmless
 
 
+@pytest.mark.skipif(not shm._POPULATE, reason="no MAP_POPULATE on this platform")
+def test_a_mapping_has_every_page_in_place():
+    """A rank attaching a segment reads every page without a page fault: the mapping is populated
+    (a step's random rows of a big table would otherwise fault on page after page)."""
+    import resource
+
+    pages = 16384  # 64 MiB
+    lay = Layout([Field("big", torch.uint8, (pages * 4096,))])
+    name = _name()
+    seg = SharedSegment.create(name, lay)
+    try:
+        other = SharedSegment.attach(name, lay)  # a new mapping: its own page table entries
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        touched = int(other["big"][::4096].sum())  # one byte of every page
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        assert touched == 0
+        # unpopulated, reads fault once per page, or per 16 with the kernel's fault-around
+        assert faults < pages // 64, faults
+    finally:
+        seg.unlink()
+
+
 def test_attach_wrong_size_names_segment_and_sizes():
     lay = _layout()
     name = _name()

@@ -1,6 +1,7 @@
 """Shared-memory segments: layout, create/attach/unlink, and nothing outliving its creator."""
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
@@ -82,7 +83,7 @@ def test_create_attach_share_and_unlink():
     seg.unlink()  # unlinking twice is harmless
 
 
-@pytest.mark.skipif(not shm._POPULATE, reason="no MAP_POPULATE on this platform")
+@pytest.mark.skipif(not hasattr(mmap, "MAP_POPULATE"), reason="no MAP_POPULATE on this platform")
 def test_a_mapping_has_every_page_in_place():
     """A rank attaching a segment reads every page without a page fault: the mapping is populated
     (a step's random rows of a big table would otherwise fault on page after page)."""

@@ -4,11 +4,16 @@ The entity rows of one rank's batch are a plain tensor (what the sharded lookup 
 figures are the scoring, the loss, the backward and the relation update, without the entity
 table's lookup, exchange or optimizer. ``--relations`` picks the relation path:
 
-* ``touched``  ``models.RelationTable`` (Adagrad on the rows of the step, in the backward)
-* ``dense``    the former path: a dense ``nn.Embedding`` stepped in full by ``torch.optim.Adagrad``
-  (the batch's rows sliced three times, each slice's backward filling a zero tensor of them all)
-* ``cdist``    ``touched``, with TransE-L2's chunk distances by ``torch.cdist`` and its autograd
-  instead of the model's written-out backward (the former scoring)
+* ``touched``  the model's step: ``models.batch_scores`` and ``models.RelationTable`` (Adagrad on
+  the rows of the step, in the backward)
+* ``split``    ``touched``, with the batch's rows split in three and each part scored on its own
+  (TransE-L2's chunk distances still written out): the split's backward concatenates the parts'
+  gradients (the scoring before ``batch_scores``)
+* ``dense``    the former relation path: a dense ``nn.Embedding`` stepped in full by
+  ``torch.optim.Adagrad`` (the batch's rows sliced three times, each slice's backward filling a
+  zero tensor of them all)
+* ``cdist``    ``split``, with TransE-L2's chunk distances by ``torch.cdist`` and its autograd
+  instead of the written-out backward (the former scoring)
 
 Alternating repetitions of ``--steps`` steps each; medians in ms a step, and the top operators by
 self CPU time of the last repetition (torch.profiler):
@@ -30,7 +35,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import profile  # noqa: E402
 
-from examples.graph.models import KGEConfig, RelationTable, kge_loss, query, score_candidates, score_pairs  # noqa: E402
+from examples.graph.models import (  # noqa: E402
+    KGEConfig, RelationTable, batch_scores, kge_loss, query, score_candidates, score_pairs,
+)  # fmt: skip
 
 
 def make_step(kind: str, args: argparse.Namespace) -> Callable[[], None]:
@@ -52,7 +59,15 @@ def make_step(kind: str, args: argparse.Namespace) -> Callable[[], None]:
         negative = candidates(q.reshape(-1, k, args.dim), negs.reshape(-1, m, args.dim)).reshape(b, m)
         return kge_loss(cfg, score_pairs(cfg, q, true), negative)
 
-    if kind in ("touched", "cdist"):
+    if kind == "touched":
+        table = RelationTable(args.relations, args.dim, 0.1, torch.device("cpu"))
+
+        def step() -> None:
+            kge_loss(cfg, *batch_scores(cfg, emb, table(ids), sign, k, m)).backward()
+            emb.grad = None
+
+        return step
+    if kind in ("split", "cdist"):
         table = RelationTable(args.relations, args.dim, 0.1, torch.device("cpu"))
 
         def step() -> None:
@@ -75,7 +90,7 @@ def make_step(kind: str, args: argparse.Namespace) -> Callable[[], None]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--relations", dest="kinds", nargs="+", choices=("touched", "dense", "cdist"), default=["touched", "dense"])
+    ap.add_argument("--relations", dest="kinds", nargs="+", choices=("touched", "split", "dense", "cdist"), default=["touched", "dense"])
     ap.add_argument("--model", default="transe_l2")
     ap.add_argument("--dim", type=int, default=400)
     ap.add_argument("--positives", type=int, default=512, help="one rank's share of the benchmark's batch")

@@ -14,6 +14,7 @@ from examples.graph.models import (
     MODELS,
     KGBatch,
     KGEConfig,
+    batch_scores,
     RelationTable,
     kge_loss,
     query,
@@ -73,6 +74,38 @@ def test_chunked_distances_differentiate_as_the_definitions(model: str) -> None:
     (reference_score(cfg, q2[:, :, None], zero, c2[:, None]).double() * w).sum().backward()
     torch.testing.assert_close(got, (q2.grad, c2.grad))
     assert torch.autograd.gradcheck(lambda a, b: score_candidates(cfg, a, b), (q.detach().requires_grad_(), c.detach().requires_grad_()))
+
+
+@pytest.mark.parametrize("sign", [TAIL, HEAD])
+def test_batch_scores_are_the_parts_scores(sign: torch.Tensor) -> None:
+    """TransE-L2's one-node batch scores give the values and the gradients (of the rows and the
+    relations) of the scores taken part by part, and pass gradcheck in double precision."""
+    cfg = KGEConfig(model="transe_l2", dim=6, gamma=3.0)
+    b, k, m = 6, 3, 4
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(2 * b + b // k * m, 6, generator=g, dtype=torch.float64)
+    emb[b] = emb[0] + sign.double() * 0.5  # a positive at distance zero: no gradient through it
+    rel = torch.full((b, 6), 0.5, dtype=torch.float64)
+    rel[1:] = torch.randn(b - 1, 6, generator=g, dtype=torch.float64)
+    w_pos, w_neg = torch.randn(b, generator=g, dtype=torch.float64), torch.randn(b, m, generator=g, dtype=torch.float64)
+
+    def parts(e: torch.Tensor, r: torch.Tensor) -> tuple:
+        q = query(cfg, e[:b], r, sign.double())
+        negative = score_candidates(cfg, q.reshape(-1, k, 6), e[2 * b :].reshape(-1, m, 6)).reshape(b, m)
+        return score_pairs(cfg, q, e[b : 2 * b]), negative
+
+    grads = []
+    for scores in (lambda e, r: batch_scores(cfg, e, r, sign.double(), k, m), parts):
+        e, r = emb.clone().requires_grad_(), rel.clone().requires_grad_()
+        positive, negative = scores(e, r)
+        ((positive * w_pos).sum() + (negative * w_neg).sum()).backward()
+        grads.append((positive.detach(), negative.detach(), e.grad, r.grad))
+    torch.testing.assert_close(grads[0], grads[1])
+    assert grads[0][2][b].abs().sum() == 0 < grads[0][2][0].abs().sum()  # the zero distance passes none
+    emb[b] += 0.1  # gradcheck's finite differences need a distance away from zero
+    assert torch.autograd.gradcheck(
+        lambda e, r: batch_scores(cfg, e, r, sign.double(), k, m), (emb.requires_grad_(), rel.requires_grad_())
+    )
 
 
 def test_head_and_tail_forms_differ_for_asymmetric_models() -> None:

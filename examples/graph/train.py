@@ -124,6 +124,18 @@ def default_cache_ratio(device: torch.device) -> float:
     return 0.0 if device.type == "cpu" else ACCELERATOR_CACHE_RATIO
 
 
+DEFAULT_LOOKAHEAD = 10
+
+
+def default_lookahead(device: torch.device, cache_ratio: float) -> int:
+    """The lookahead orders the host writes an owner holds back, of the rows it caches: on a CPU
+    device without a cache an owner holds none back (it updates every row in place in the host
+    table), so the window has nothing to order and its bookkeeping would only cost
+    (docs/performance.md, "The lookahead without a cache"). The planner's cost model picks the
+    same, L = 0, for that case."""
+    return 0 if device.type == "cpu" and cache_ratio == 0 else DEFAULT_LOOKAHEAD
+
+
 def frugal_sharder(args: argparse.Namespace, presample: Dict[str, torch.Tensor], config: FrugalConfig) -> nn.Module:
     """Frugal's sharder of the entity table, imported on use: the import installs Frugal's planner
     shims, which stock runs go without."""
@@ -241,10 +253,12 @@ def evaluate(
 # ---------------------------------------------------------------------------- training
 def machine_defaults(args: argparse.Namespace, device: torch.device, cores_per_rank: int) -> argparse.Namespace:
     """The options as this rank runs them: a copy of ``args`` with the defaults that depend on the
-    device and the cores filled in (the cache ratio, the loader's workers)."""
+    device and the cores filled in (the cache ratio, the lookahead, the loader's workers)."""
     resolved = argparse.Namespace(**vars(args))
     if resolved.cache_ratio is None:
         resolved.cache_ratio = default_cache_ratio(device)
+    if resolved.lookahead is None:
+        resolved.lookahead = default_lookahead(device, resolved.cache_ratio)
     if resolved.loader_workers is None:
         resolved.loader_workers = default_loader_workers(cores_per_rank)
     return resolved
@@ -285,7 +299,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--cache-ratio", type=float, default=None,
                    help=f"frugal: entity rows cached per rank; none: {ACCELERATOR_CACHE_RATIO:g} on a GPU, 0 on a CPU "
                         "device, where the cache would be a second copy of rows in the same memory as the host table")  # fmt: skip
-    p.add_argument("--lookahead", type=int, default=10, help="frugal: lookahead window L")
+    p.add_argument("--lookahead", type=int, default=None,
+                   help=f"frugal: lookahead window L; none: {DEFAULT_LOOKAHEAD}, or 0 on a CPU device without a cache, "
+                        "where no host write is held back for it to order")  # fmt: skip
     add_frugal_arguments(p)
     p.add_argument("--eval-split", choices=("test", "valid"), default="test", help="the split ranked after training")
     p.add_argument("--eval-triples", type=int, default=0, help="rank only the first N triples of the split (0: all)")

@@ -96,18 +96,21 @@ def test_the_plan_line_reports_what_was_planned() -> None:
 
 
 def test_the_graph_example_fills_its_machine_defaults_in_a_copy() -> None:
-    """The cache ratio (none on a CPU device) and the loader's workers (none for a rank with one
-    core) are resolved for the device and cores in a copy: the parsed options stay as given."""
+    """The cache ratio (none on a CPU device), the lookahead (none without a cache on a CPU device)
+    and the loader's workers (none for a rank with one core) are resolved for the device and
+    cores in a copy: the parsed options stay as given."""
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from examples.graph.train import ACCELERATOR_CACHE_RATIO, machine_defaults, parse_args
+    from examples.graph.train import ACCELERATOR_CACHE_RATIO, DEFAULT_LOOKAHEAD, machine_defaults, parse_args
 
     args = parse_args(["--sharder", "frugal"])
     cpu = machine_defaults(args, torch.device("cpu"), 1)
-    assert (cpu.cache_ratio, cpu.loader_workers) == (0.0, 0)
+    assert (cpu.cache_ratio, cpu.lookahead, cpu.loader_workers) == (0.0, 0, 0)
     gpu = machine_defaults(args, torch.device("cuda", 0), 4)
-    assert (gpu.cache_ratio, gpu.loader_workers) == (ACCELERATOR_CACHE_RATIO, 1)
-    assert (args.cache_ratio, args.loader_workers) == (None, None)
+    assert (gpu.cache_ratio, gpu.lookahead, gpu.loader_workers) == (ACCELERATOR_CACHE_RATIO, DEFAULT_LOOKAHEAD, 1)
+    assert (args.cache_ratio, args.lookahead, args.loader_workers) == (None, None, None)
     given = machine_defaults(parse_args(["--cache-ratio", "0.2", "--loader-workers", "3"]), torch.device("cpu"), 1)
-    assert (given.cache_ratio, given.loader_workers) == (0.2, 3)
+    assert (given.cache_ratio, given.lookahead, given.loader_workers) == (0.2, DEFAULT_LOOKAHEAD, 3)
+    asked = machine_defaults(parse_args(["--lookahead", "4"]), torch.device("cpu"), 1)
+    assert (asked.cache_ratio, asked.lookahead) == (0.0, 4)

@@ -9,8 +9,8 @@ ranks together). Variants alternate within each repetition (round robin, start r
 repetition) and the table reports medians over ``--repeats`` and ratios against the best stock
 sharding and against perfect scaling (W x one rank alone on its share of the batch):
 
-* ``frugal``      ``--sharder frugal`` (the example's defaults: L = 10, and on a CPU device no owner
-  cache, on a GPU a cache ratio of 0.05)
+* ``frugal``      ``--sharder frugal`` (the example's defaults: on a CPU device no owner cache and
+  L = 0, on a GPU a cache ratio of 0.05 and L = 10)
 * ``frugal_cached``  ``--sharder frugal --cache-ratio 0.05`` (``--variants ... frugal_cached``): the
   GPU's cache on a CPU device too, where it is host memory like the table; this prices what the
   cache costs there, a comparison the example leaves out

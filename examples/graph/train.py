@@ -130,8 +130,8 @@ DEFAULT_LOOKAHEAD = 10
 def default_lookahead(device: torch.device, cache_ratio: float) -> int:
     """The lookahead orders the host writes an owner holds back, of the rows it caches: on a CPU
     device without a cache an owner holds none back (it updates every row in place in the host
-    table), so the window has nothing to order and its bookkeeping would only cost
-    (docs/performance.md, "The lookahead without a cache"). The planner's cost model picks the
+    table), so the window has nothing to order and its bookkeeping would only cost (measured in
+    docs/performance.md, "no lookahead without a cache"). The planner's cost model picks the
     same, L = 0, for that case."""
     return 0 if device.type == "cpu" and cache_ratio == 0 else DEFAULT_LOOKAHEAD
 

@@ -74,8 +74,8 @@ def test_ranks_stage_and_each_owner_sums_its_rows(tmp_path) -> None:
         for ex in exchanges:
             rows = torch.unique(torch.randint(0, ROWS, (12,), generator=gen))
             grads = torch.randn(rows.shape[0], DIM, generator=gen)
-            expected.index_add_(0, rows, grads)
-            ex.stage(0, rows, grads, REACHED)
+            expected.index_add_(0, rows, grads / WORLD)  # each rank's gradient divided, as TorchRec's
+            ex.stage(0, rows, grads, REACHED, divide_by=WORLD)
         assert all(ex.wait_staged(0) == 0.0 for ex in exchanges)  # every rank staged: nobody waits
         for r, ex in enumerate(exchanges):
             rows, summed = ex.sum_owned()

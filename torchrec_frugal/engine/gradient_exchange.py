@@ -69,8 +69,9 @@ class GradientExchange:
         self.owner = owner
         self.dim = dim
 
-    def stage(self, step: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker) -> None:
-        """Stage ``grads`` [n, dim] (CPU float32) of the unique ``rows`` [n] for their owners.
+    def stage(self, step: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int = 1) -> None:
+        """Stage ``grads`` [n, dim] (CPU float32) of the unique ``rows`` [n] for their owners,
+        divided by ``divide_by`` where they are staged (no copy of them divided first).
 
         Owners write this step's updates to host once every rank staged, so this rank's host
         reads of the step must be over by then: ``reads_done`` is a device marker reached once
@@ -82,7 +83,9 @@ class GradientExchange:
         k = r_np.shape[0]
         box = self.record.own(k)
         torch.index_select(rows, 0, order, out=box["g_rows"][:k])
-        torch.index_select(grads, 0, order, out=box["g_grads"][:k])
+        staged = torch.index_select(grads, 0, order, out=box["g_grads"][:k])
+        if divide_by != 1:
+            staged.div_(divide_by)
         box["g_counts"].copy_(torch.from_numpy(np.bincount(own, minlength=self.control.world_size)))
         reads_done.synchronize()
         self.control.set(STAGED, step)

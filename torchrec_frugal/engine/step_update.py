@@ -123,9 +123,7 @@ class StepUpdate:
     ) -> None:
         flusher, feed, rec = self._flusher, self._feed, self._recorder
         t0 = time.perf_counter()
-        if divide_by != 1:
-            grads = grads / divide_by
-        self._exchange.stage(s, rows, grads, reads_done)
+        self._exchange.stage(s, rows, grads, reads_done, divide_by)
         t1 = time.perf_counter()
         rec.exchange_wait_s = self._exchange.wait_staged(
             s, idle=lambda: flusher.flush_once(max_priority=flusher.background_bound(), wait=False)

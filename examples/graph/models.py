@@ -170,20 +170,20 @@ class _TransEL2BatchScores(torch.autograd.Function):
         q = torch.addcmul(emb[:b], sign, rel)
         diff = q - emb[b : 2 * b]
         norm = torch.linalg.vector_norm(diff, dim=-1)
-        qc, c = q.view(chunks, chunk_size, d), emb[2 * b :].view(chunks, negatives, d)
+        qc, c = q.view(chunks, chunk_size, d), emb[2 * b :].reshape(chunks, negatives, d)
         norms = (qc * qc).sum(-1).unsqueeze(2) + (c * c).sum(-1).unsqueeze(1)
-        dist = torch.baddbmm(norms, qc, c.transpose(1, 2), alpha=-2.0).clamp_min_(1e-30).sqrt_()
-        ctx.save_for_backward(qc, c, dist, diff, norm, sign)
-        return gamma - norm, (gamma - dist).view(b, negatives)
+        distance = torch.baddbmm(norms, qc, c.transpose(1, 2), alpha=-2.0).clamp_min_(1e-30).sqrt_()
+        ctx.save_for_backward(qc, c, distance, diff, norm, sign)
+        return gamma - norm, (gamma - distance).view(b, negatives)
 
     @staticmethod
     def backward(ctx: Any, grad_positive: torch.Tensor, grad_negative: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        qc, c, dist, diff, norm, sign = ctx.saved_tensors
+        qc, c, distance, diff, norm, sign = ctx.saved_tensors
         chunks, k, d = qc.shape
         b = chunks * k
         grad = torch.empty(2 * b + c.shape[0] * c.shape[1], d, dtype=qc.dtype, device=qc.device)
         # negatives: score = gamma - dist; with v = -grad / dist, dq = rowsum(v) q - v c, dc = colsum(v) c - v^T q
-        v = torch.div(grad_negative.view(dist.shape), dist).neg_().masked_fill_(dist <= 1e-15, 0.0)
+        v = torch.div(grad_negative.reshape(distance.shape), distance).neg_().masked_fill_(distance <= 1e-15, 0.0)
         gq = grad[:b].view(chunks, k, d)
         torch.baddbmm(qc * v.sum(2, keepdim=True), v, c, alpha=-1.0, out=gq)
         torch.baddbmm(c * v.sum(1).unsqueeze(2), v.transpose(1, 2), qc, alpha=-1.0, out=grad[2 * b :].view(c.shape))

@@ -37,8 +37,13 @@ def test_the_demo_compares_alternated_runs_from_equal_tables(tiny_comparison) ->
     agree = result["agreement"]
     assert agree["max_abs"] == max(diffs) and agree["worst_step"] == diffs.index(max(diffs))
     assert agree["steps"] == 30 and agree["pairs"] == 1
-    # equal initial tables: the first step's losses are equal, and they stay within float rounding
-    assert diffs[0] <= 1e-6 and agree["max_abs"] < 1e-4 and agree["agree_steps"] == 30, diffs
+    # Equal initial tables: the first step's losses are equal, and they stay within float rounding.
+    # A one-ulp difference in a row's update can flip a ReLU of the dense layers some 25 steps in,
+    # which moves the loss by about 1e-5 (relative) from then on: with seeds 0-3, 6 of 8 runs stayed
+    # within 1e-5 for all 30 steps and the others left it at step 27 and step 30, one run with the
+    # row-wise Adagrad's rounding of FBGEMM's kernels and one with that of addcdiv_. A wrong update
+    # departs within the first steps.
+    assert diffs[0] <= 1e-6 and agree["max_abs"] < 1e-4 and agree["agree_steps"] >= 20, diffs
     assert result["samples_per_second"] == {"frugal": f["samples_per_second"], "torchrec": t["samples_per_second"]}
     text = "\n".join(report(result))
     assert "x samples/s" in text and f"max |frugal - stock| {agree['max_abs']:.2g}" in text

@@ -73,12 +73,19 @@ def test_train_frugal_dlrm_learns(side_by_side):
 
 def test_frugal_and_torchrec_train_alike(side_by_side):
     # Same data, optimizers and initial tables (drawn from the seed whatever the sharding): the
-    # per-step losses agree to float rounding.
+    # per-step losses agree to float rounding. A one-ulp difference in a row's update can flip a
+    # ReLU of the dense layers some 25 steps in, and the losses then differ by about 1e-3: with
+    # seeds 0-2, one run of three did so for the row-wise Adagrad's rounding of FBGEMM's kernels
+    # (seed 0, step 27, 5.6e-4) and one for that of addcdiv_ (seed 2, step 32, 1.0e-3), the last
+    # window's loss then 1.2e-4 apart and its AUC 5e-4. So the first 20 steps are held to float
+    # rounding, the whole run to what a flip moves; a wrong update departs within the first steps.
     t, f = side_by_side["torchrec"], side_by_side["frugal"]
     assert len(t["step_losses"]) == len(f["step_losses"]) == 60 and f["step_losses_from"] == 0
-    assert max(abs(a - b) for a, b in zip(t["step_losses"], f["step_losses"])) < 1e-4
+    diffs = [abs(a - b) for a, b in zip(t["step_losses"], f["step_losses"])]
+    assert max(d / abs(b) for d, b in zip(diffs[:20], t["step_losses"])) < 1e-5, diffs[:20]
+    assert max(diffs) < 5e-3, diffs
     assert abs(t["auc"] - f["auc"]) < 1e-3, (t["auc"], f["auc"])
-    assert abs(t["loss"] - f["loss"]) < 1e-4, (t["loss"], f["loss"])
+    assert abs(t["loss"] - f["loss"]) < 1e-3, (t["loss"], f["loss"])
 
 
 def test_train_torchrec_row_wise_mlp_on_criteo_npy(tmp_path):

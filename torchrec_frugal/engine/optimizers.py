@@ -6,7 +6,8 @@ cannot drift. Semantics follow FBGEMM 1.8's fused kernels (``fbgemm_gpu/codegen/
 are updated (their state too).
 
 - sgd (EXACT_SGD):                         w -= lr * G
-- rowwise_adagrad (EXACT_ROWWISE_ADAGRAD): m += mean(G * G over the row); w -= lr * G / (sqrt(m) + eps)
+- rowwise_adagrad (EXACT_ROWWISE_ADAGRAD): m += sum(G * G over the row) / d; w -= G * (lr / (sqrt(m) + eps)),
+      the row's multiplier computed once, as FBGEMM's kernels do
 - adagrad (EXACT_ADAGRAD, per-element sum of squares; FBGEMM's kernel takes no weight decay):
       m += G * G;  w -= lr * G / (sqrt(m) + eps)
 - adam (ADAM, per-element moments, bias correction by FBGEMM's iteration count t, decoupled weight decay):
@@ -44,8 +45,8 @@ def apply_update(spec: OptimizerSpec, weights: torch.Tensor, state: torch.Tensor
         weights.add_(grads, alpha=-spec.lr)
     elif spec.kind == "rowwise_adagrad":
         m = state[:, 0]
-        m.add_(grads.pow(2).mean(dim=1))
-        weights.addcdiv_(grads, (m.sqrt() + spec.eps).unsqueeze(1), value=-spec.lr)
+        m.add_(_mean_square(grads))
+        weights.sub_(grads * _multiplier(spec, m))
     elif spec.kind == "adagrad":
         state.addcmul_(grads, grads)
         weights.addcdiv_(grads, state.sqrt().add_(spec.eps), value=-spec.lr)
@@ -63,6 +64,18 @@ def apply_update(spec: OptimizerSpec, weights: torch.Tensor, state: torch.Tensor
         raise ValueError(f"unknown optimizer kind {spec.kind!r}")
 
 
+def _mean_square(grads: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of squares over its d columns, divided by d (FBGEMM's ``g_avg_square``)."""
+    return torch.linalg.vecdot(grads, grads).div_(grads.shape[1])
+
+
+def _multiplier(spec: OptimizerSpec, m: torch.Tensor) -> torch.Tensor:
+    """Row-wise Adagrad's step per unit of gradient, ``lr / (sqrt(m) + eps)``, as a column [n, 1]:
+    one division a row instead of one an element."""
+    denominator = m.sqrt().add_(spec.eps)
+    return torch.full_like(denominator, spec.lr).div_(denominator).unsqueeze(1)
+
+
 def update_rows(
     spec: OptimizerSpec, weights: torch.Tensor, state: torch.Tensor, index: torch.Tensor, grads: torch.Tensor, iteration: int
 ) -> None:
@@ -71,14 +84,13 @@ def update_rows(
 
     Row-wise Adagrad on the CPU adds each row's step into the table (``index_add_``): one pass
     over the rows where a gather, the update and a scatter take three, bit for bit the same
-    weights (the step is rounded as ``addcdiv_`` rounds it, ``-lr * g`` then ``/ (sqrt(m) + eps)``,
-    then added). Elsewhere (an accelerator's kernels may fuse other operations) the rows are
-    gathered, updated by :func:`apply_update` and written back.
+    weights (``w + -(g * k)`` is ``w - g * k`` exactly). Elsewhere (an accelerator's kernels may
+    fuse other operations) the rows are gathered, updated by :func:`apply_update` and written back.
     """
     if spec.kind == "rowwise_adagrad" and weights.device.type == "cpu":
         m = state.index_select(0, index)[:, 0]
-        m.add_(grads.pow(2).mean(dim=1))
-        weights.index_add_(0, index, torch.mul(grads, -spec.lr).div_((m.sqrt() + spec.eps).unsqueeze(1)))
+        m.add_(_mean_square(grads))
+        weights.index_add_(0, index, grads * _multiplier(spec, m).neg_())
         state.index_copy_(0, index, m.unsqueeze(1))
         return
     w = weights.index_select(0, index)

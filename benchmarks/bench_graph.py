@@ -131,7 +131,7 @@ def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]
     common = [
         "--dataset", "synthetic", "--synthetic-entities", str(args.entities), "--synthetic-triples", str(args.triples),
         "--synthetic-relations", str(args.relations), "--synthetic-skew", str(args.skew), "--model", args.model,
-        "--dim", str(args.dim), "--lr", str(args.lr), "--relation-lr", str(args.lr),
+        "--dim", str(args.dim), "--lr", str(args.lr),
         "--chunk-size", str(args.chunk_size), "--negatives", str(args.negatives), "--steps", str(args.steps),
         "--seed", str(args.seed), "--log-every", "0", "--no-eval", "--loader-workers", str(args.loader_workers),
     ]  # fmt: skip

@@ -64,7 +64,7 @@ def thread_cpu_ns() -> Dict[str, float]:
 
 def split_parts() -> List[Tuple[Any, str, str]]:
     """(owner, attribute, label) of the training thread's parts that ``--cpu-split`` times."""
-    from examples.graph import models, sampler
+    from examples.graph import sampler
     from torchrec_frugal.torchrec import embedding_lookup
     from torchrec_frugal.torchrec.train_pipeline import train_pipelines
 
@@ -73,7 +73,6 @@ def split_parts() -> List[Tuple[Any, str, str]]:
         (sampler.ChunkedNegativeSampler, "rank_batch", "making a batch (the sampler)"),
         (train_pipelines.FrugalTrainPipeline, "_planned_forward", "forward (the model's, with TorchRec's and Frugal's)"),
         (embedding_lookup.FrugalEmbeddingLookup, "forward", "Frugal's lookup (gate, gathers)"),
-        (models.RelationTable, "settle", "the relations' update (after its all-reduce)"),
         (torch.Tensor, "backward", "backward (the model's, the lookup's hand-over)"),
     ]
 

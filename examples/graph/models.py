@@ -1,10 +1,9 @@
 """Knowledge-graph embedding models over a TorchRec entity table: TransE, DistMult, ComplEx.
 
-The entity table is an ``EmbeddingCollection`` (one table, one feature ``"entity"``) so that any
-TorchRec sharder (stock or Frugal) can shard it; relations are a :class:`RelationTable`, replicated
-on every rank and trained with Adagrad on the rows a step touches (exchanged among the ranks in
-its backward), which is what a dense ``nn.Embedding`` under DDP and ``torch.optim.Adagrad`` does
-with every row.
+The entities and the relations are two tables of one ``EmbeddingCollection`` (features
+``"entity"`` and ``"relation"``), so that any TorchRec sharder (stock or Frugal) shards both, and
+both train with the sharder's fused row-wise Adagrad on the rows a step reads, as DGL-KE trains its
+entity and relation embeddings (its sparse row-wise Adagrad).
 
 Every score is written as "query against candidate": a query ``q`` combines the anchor entity
 with the relation, and candidates are the entities on the corrupted side. Tail corruption uses
@@ -25,8 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
 import torch
-import torch.fx
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingCollection, EmbeddingConfig
@@ -37,6 +34,8 @@ MODELS = ("transe_l1", "transe_l2", "distmult", "complex")
 LOSSES = ("logsigmoid", "margin")
 ENTITY_TABLE = "entity"
 ENTITY_FEATURE = "entity"
+RELATION_TABLE = "relation"
+RELATION_FEATURE = "relation"
 
 # Rows are drawn in blocks of this many, each from its own seeded generator, so a row's initial
 # value depends only on (seed, row) and not on how the table is sharded.
@@ -234,250 +233,145 @@ def kge_loss(cfg: KGEConfig, positive: torch.Tensor, negative: torch.Tensor) -> 
 class KGBatch(Pipelineable):
     """One rank's share of a step: ``b`` positives in chunks of ``k``, each chunk with ``m`` negatives.
 
-    ``entities`` holds, in this order, the ``b`` anchors, the ``b`` true entities of the corrupted
-    side, and the chunks' negatives (``b // k * m`` ids), one id per bag. ``sign`` is +1 when the
-    tails are corrupted (anchor = head) and -1 when the heads are. ``step_relations``: the
-    relations of the whole step, every rank's positives (the sampler draws the global batch), so
-    that the relation table knows the rows every rank updates without asking its peers.
+    ``ids`` has two features of ``n = 2b + b // k * m`` bags each, one id a bag or none. Feature
+    ``"entity"`` holds, in this order, the ``b`` anchors, the ``b`` true entities of the corrupted
+    side, and the chunks' negatives. Feature ``"relation"`` holds the ``b`` relations in its first
+    ``b`` bags and leaves the rest empty (a KJT's features share one number of bags). ``sign`` is
+    +1 when the tails are corrupted (anchor = head) and -1 when the heads are.
     """
 
-    entities: KeyedJaggedTensor
-    relations: torch.Tensor
+    ids: KeyedJaggedTensor
     sign: torch.Tensor
     chunk_size: int
     negatives: int
-    step_relations: torch.Tensor
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "KGBatch":
         return KGBatch(
-            entities=self.entities.to(device=device, non_blocking=non_blocking),
-            relations=self.relations.to(device=device, non_blocking=non_blocking),
+            ids=self.ids.to(device=device, non_blocking=non_blocking),
             sign=self.sign.to(device=device, non_blocking=non_blocking),
             chunk_size=self.chunk_size,
             negatives=self.negatives,
-            step_relations=self.step_relations.to(device=device, non_blocking=non_blocking),
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
-        self.entities.record_stream(stream)
-        self.relations.record_stream(stream)  # type: ignore[arg-type]
+        self.ids.record_stream(stream)
         self.sign.record_stream(stream)  # type: ignore[arg-type]
-        self.step_relations.record_stream(stream)  # type: ignore[arg-type]
 
     def pin_memory(self) -> "KGBatch":
-        return KGBatch(
-            self.entities.pin_memory(), self.relations.pin_memory(), self.sign.pin_memory(), self.chunk_size,
-            self.negatives, self.step_relations.pin_memory(),
-        )  # fmt: skip
+        return KGBatch(self.ids.pin_memory(), self.sign.pin_memory(), self.chunk_size, self.negatives)
+
+
+def batch_lengths(positives: int, num_ids: int) -> torch.Tensor:
+    """The lengths of a batch's two features: ``num_ids`` entity bags of one id, then ``positives``
+    relation bags of one id and ``num_ids - positives`` empty ones."""
+    lengths = torch.ones(2 * num_ids, dtype=torch.int32)
+    lengths[num_ids + positives :] = 0
+    return lengths
 
 
 def make_batch(
-    anchors: torch.Tensor, relations: torch.Tensor, trues: torch.Tensor, negatives: torch.Tensor, corrupt_heads: bool,
-    step_relations: Optional[torch.Tensor] = None,
+    anchors: torch.Tensor, relations: torch.Tensor, trues: torch.Tensor, negatives: torch.Tensor, corrupt_heads: bool
 ) -> KGBatch:
-    """A :class:`KGBatch` from ids: ``negatives`` is ``[chunks, m]`` and ``anchors`` splits evenly into
-    chunks; ``step_relations``: the step's relations on every rank (None: this batch is the step's)."""
+    """A :class:`KGBatch` from ids: ``negatives`` is ``[chunks, m]`` and ``anchors`` splits evenly into chunks."""
     chunks, m = negatives.shape
     b = anchors.numel()
     if chunks == 0 or b % chunks:
         raise ValueError(f"{b} positives do not split into {chunks} chunks")
-    ids = torch.cat([anchors, trues, negatives.reshape(-1)]).to(torch.int64)
+    if relations.numel() != b:
+        raise ValueError(f"{relations.numel()} relations for {b} positives")
+    ids = torch.cat([anchors, trues, negatives.reshape(-1), relations]).to(torch.int64)
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=[ENTITY_FEATURE], values=ids, lengths=torch.ones(ids.numel(), dtype=torch.int32)
+        keys=[ENTITY_FEATURE, RELATION_FEATURE], values=ids, lengths=batch_lengths(b, ids.numel() - b)
     )
     sign = torch.tensor([-1.0 if corrupt_heads else 1.0])
-    relations = relations.to(torch.int64).contiguous()
-    step = relations if step_relations is None else step_relations.to(torch.int64).contiguous()
-    return KGBatch(entities=kjt, relations=relations, sign=sign, chunk_size=b // chunks, negatives=m, step_relations=step)
+    return KGBatch(ids=kjt, sign=sign, chunk_size=b // chunks, negatives=m)
 
 
 def pack_batch(batch: KGBatch) -> torch.Tensor:
-    """A batch's entity ids, relations, the step's relations and sign in one byte buffer (8-byte
-    aligned, the sign last).
+    """A batch's ids (entities, then relations) and sign in one byte buffer (8-byte aligned, the sign last).
 
     A DataLoader worker sends every tensor of what it returns as a shared-memory segment of its
-    own, each received through a connection to the worker: one a batch instead of five (the
+    own, each received through a connection to the worker: one a batch instead of four (the
     KJT's lengths and offsets, the same every batch, are rebuilt on the receiving side)."""
-    parts = (batch.entities.values().to(torch.int64), batch.relations.to(torch.int64),
-             batch.step_relations.to(torch.int64), batch.sign.to(torch.float32))  # fmt: skip
+    parts = (batch.ids.values().to(torch.int64), batch.sign.to(torch.float32))
     return torch.cat([p.contiguous().view(-1).view(torch.uint8) for p in parts])
 
 
 class PackedBatches:
     """Batches of one shape as :func:`pack_batch` packed them: views of the buffer, no copy.
 
-    ``step_positives``: the positives of the whole step (every rank's). The KJT's lengths and
-    offsets (one id a bag) are made once, page-locked if the buffers are."""
+    The KJT's lengths and offsets are made once, page-locked if the buffers are."""
 
-    def __init__(self, positives: int, chunk_size: int, negatives: int, step_positives: int) -> None:
+    def __init__(self, positives: int, chunk_size: int, negatives: int) -> None:
         self.num_ids = 2 * positives + positives // chunk_size * negatives
         self.positives, self.chunk_size, self.negatives = positives, chunk_size, negatives
-        self.step_positives = step_positives
-        self._lengths = torch.ones(self.num_ids, dtype=torch.int32)
-        self._offsets = torch.arange(self.num_ids + 1, dtype=torch.int32)
+        self._lengths = batch_lengths(positives, self.num_ids)
+        self._offsets = torch.zeros(2 * self.num_ids + 1, dtype=torch.int32)
+        torch.cumsum(self._lengths, 0, out=self._offsets[1:])
 
     def unpack(self, packed: torch.Tensor) -> KGBatch:
         if packed.is_pinned() and not self._lengths.is_pinned():
             self._lengths, self._offsets = self._lengths.pin_memory(), self._offsets.pin_memory()
-        ids_end = 8 * self.num_ids
-        relations_end = ids_end + 8 * self.positives
-        step_end = relations_end + 8 * self.step_positives
-        n = self.num_ids
+        n, b = self.num_ids, self.positives
+        ids_end = 8 * (n + b)
         kjt = KeyedJaggedTensor(
-            keys=[ENTITY_FEATURE], values=packed[:ids_end].view(torch.int64), lengths=self._lengths,
-            offsets=self._offsets, stride=n, length_per_key=[n], offset_per_key=[0, n],
+            keys=[ENTITY_FEATURE, RELATION_FEATURE], values=packed[:ids_end].view(torch.int64), lengths=self._lengths,
+            offsets=self._offsets, stride=n, length_per_key=[n, b], offset_per_key=[0, n, n + b],
         )  # fmt: skip
         return KGBatch(
-            entities=kjt,
-            relations=packed[ids_end:relations_end].view(torch.int64),
-            sign=packed[step_end : step_end + 4].view(torch.float32),
+            ids=kjt,
+            sign=packed[ids_end : ids_end + 4].view(torch.float32),
             chunk_size=self.chunk_size,
             negatives=self.negatives,
-            step_relations=packed[relations_end:step_end].view(torch.int64),
         )
 
 
 # ------------------------------------------------------------------------------------ model
-def entity_collection(num_entities: int, cfg: KGEConfig, seed: int, device: Optional[torch.device] = None) -> EmbeddingCollection:
-    """The entity table as a TorchRec EmbeddingCollection, with the sharding-independent init."""
-    init_fn: Callable[[torch.Tensor], torch.Tensor] = lambda w: seeded_uniform_(w, cfg.init_bound, seed)  # noqa: E731
-    table = EmbeddingConfig(
-        name=ENTITY_TABLE,
-        embedding_dim=cfg.dim,
-        num_embeddings=num_entities,
-        feature_names=[ENTITY_FEATURE],
-        weight_init_min=-cfg.init_bound,
-        weight_init_max=cfg.init_bound,
-        init_fn=init_fn,
+# Each table's init seed, past the run's ``--seed``: the entities draw from ``seed``, the relations from ``seed + 1``.
+TABLE_SEED_OFFSETS = {ENTITY_TABLE: 0, RELATION_TABLE: 1}
+
+
+def kg_tables(
+    num_entities: int, num_relations: int, cfg: KGEConfig, seed: int, device: Optional[torch.device] = None
+) -> EmbeddingCollection:
+    """The entity and relation tables as one TorchRec EmbeddingCollection, each with the
+    sharding-independent init (:data:`TABLE_SEED_OFFSETS`)."""
+
+    def table(name: str, feature: str, rows: int) -> EmbeddingConfig:
+        table_seed = seed + TABLE_SEED_OFFSETS[name]
+        init_fn: Callable[[torch.Tensor], torch.Tensor] = lambda w: seeded_uniform_(w, cfg.init_bound, table_seed)  # noqa: E731
+        return EmbeddingConfig(
+            name=name,
+            embedding_dim=cfg.dim,
+            num_embeddings=rows,
+            feature_names=[feature],
+            weight_init_min=-cfg.init_bound,
+            weight_init_max=cfg.init_bound,
+            init_fn=init_fn,
+        )
+
+    return EmbeddingCollection(
+        tables=[table(ENTITY_TABLE, ENTITY_FEATURE, num_entities), table(RELATION_TABLE, RELATION_FEATURE, num_relations)],
+        device=device or torch.device("meta"),
     )
-    return EmbeddingCollection(tables=[table], device=device or torch.device("meta"))
-
-
-class RelationTable(nn.Module):
-    """The relations, replicated on every rank, trained by ``torch.optim.Adagrad``'s dense update on
-    the rows a step touches, applied in the backward.
-
-    A dense ``nn.Embedding`` under DDP all-reduces and steps every row every step, though a step
-    touches a few hundred of them: an untouched row has a zero gradient, which leaves it and its
-    Adagrad sum as they were. Here the backward sums each row's gradient on the union of the ranks'
-    relation ids (the step's relations, which every rank's batch carries: no collective to learn
-    them), divides it by the world size and all-reduces it (as DDP does, on those rows alone), then
-    applies Adagrad's operations to those rows: the table trains as the dense one.
-    ``weight`` and the Adagrad ``sum`` are buffers, so they are checkpointed with the model.
-
-    Among ranks the all-reduce is left running when the backward returns, and the update waits
-    for it where the table is next read (:meth:`settle`: the next forward, a state dict, the
-    caller's evaluation). The backward then does not stop where the ranks meet: on a machine
-    whose cores the ranks share, the wait there was time neither rank used. The same sums,
-    applied in the same order before any read, so the same tables.
-    """
-
-    def __init__(self, num_relations: int, dim: int, lr: float, device: torch.device, eps: float = 1e-10) -> None:
-        super().__init__()
-        self.register_buffer("weight", torch.empty(num_relations, dim, device=device))
-        self.register_buffer("sum", torch.zeros(num_relations, dim, device=device))
-        self.lr, self.eps = lr, eps
-        self.group: Optional[dist.ProcessGroup] = None  # the ranks that share the table; None: this process alone
-        # the update of the last backward while its all-reduce runs: (rows, summed gradient, the all-reduce)
-        self._pending: Optional[Tuple[torch.Tensor, torch.Tensor, dist.Work]] = None
-        self.register_state_dict_pre_hook(lambda module, *_: module.settle())
-        self.register_load_state_dict_pre_hook(lambda module, *_: module.settle())
-
-    def forward(self, ids: torch.Tensor, step_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Rows ``ids``; ``step_ids``: the relations of the step on every rank (None: ``ids``, a
-        process alone)."""
-        return lookup_relations(self, ids, ids if step_ids is None else step_ids)
-
-    @torch.no_grad()
-    def step(self, ids: torch.Tensor, grad: torch.Tensor, step_ids: torch.Tensor) -> None:
-        """Adagrad on the rows of ``step_ids`` (the step's relations on every rank), with the
-        gradient ``grad`` of this rank's ``ids``."""
-        rows = torch.unique(step_ids)
-        at = torch.searchsorted(rows, ids).clamp_(max=max(rows.numel() - 1, 0))
-        found = rows.index_select(0, at) if rows.numel() else torch.full_like(ids, -1)
-        if not torch.equal(found, ids):
-            bad = ids[found != ids]
-            raise ValueError(f"relation(s) {bad[:5].tolist()} of this rank's batch are not among the step's relations")
-        g = torch.zeros(rows.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
-        g.index_add_(0, at, grad)
-        world = 1 if self.group is None else dist.get_world_size(self.group)
-        self.settle()
-        if world > 1:
-            g.div_(world)
-            self._pending = (rows, g, dist.all_reduce(g, group=self.group, async_op=True))
-        else:
-            self._adagrad(rows, g)
-
-    @torch.no_grad()
-    def settle(self) -> None:
-        """Finish the update whose all-reduce is still running (before the table is read)."""
-        if self._pending is not None:
-            rows, g, work = self._pending
-            self._pending = None
-            work.wait()
-            self._adagrad(rows, g)
-
-    def _adagrad(self, rows: torch.Tensor, g: torch.Tensor) -> None:
-        state = self.sum.index_select(0, rows).addcmul_(g, g, value=1)
-        weight = self.weight.index_select(0, rows).addcdiv_(g, state.sqrt().add_(self.eps), value=-self.lr)
-        self.sum.index_copy_(0, rows, state)
-        self.weight.index_copy_(0, rows, weight)
-
-
-class _RelationRows(torch.autograd.Function):
-    """Rows of a :class:`RelationTable`; the backward steps the table (``trigger``, an empty tensor
-    that requires grad, makes autograd call it: the table's buffers take no gradient)."""
-
-    @staticmethod
-    def forward(ctx: Any, table: RelationTable, ids: torch.Tensor, step_ids: torch.Tensor, trigger: torch.Tensor) -> torch.Tensor:
-        ctx.table = table
-        ctx.save_for_backward(ids, step_ids)
-        table.settle()
-        return table.weight.index_select(0, ids)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None, None]:
-        ids, step_ids = ctx.saved_tensors
-        ctx.table.step(ids, grad.contiguous(), step_ids)
-        return None, None, None, None
-
-
-def lookup_relations(table: RelationTable, ids: torch.Tensor, step_ids: torch.Tensor) -> torch.Tensor:
-    """``table``'s rows ``ids``, its update in their backward (one call for TorchRec's tracer);
-    ``step_ids``: the step's relations on every rank."""
-    trigger = torch.empty(0, device=ids.device, requires_grad=torch.is_grad_enabled())
-    return _RelationRows.apply(table, ids, step_ids, trigger)
-
-
-torch.fx.wrap("lookup_relations")
 
 
 class KGEModel(nn.Module):
-    """Entity table (TorchRec, shardable) + relation table (replicated, touched rows) + KGE loss.
+    """Entity and relation tables (TorchRec, shardable) + KGE loss.
 
     ``forward(batch)`` returns ``(loss, (loss, positive scores))`` as TorchRec's train pipelines
     expect of a model (they back-propagate the first element and hand back the second).
     """
 
-    def __init__(
-        self,
-        entities: EmbeddingCollection,
-        num_relations: int,
-        cfg: KGEConfig,
-        seed: int,
-        device: torch.device,
-        relation_lr: float = 0.1,
-    ) -> None:
+    def __init__(self, tables: EmbeddingCollection, cfg: KGEConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.entities = entities
-        self.relations = RelationTable(num_relations, cfg.dim, relation_lr, device)
-        seeded_uniform_(self.relations.weight, cfg.init_bound, seed + 1)
+        self.tables = tables
 
     def forward(self, batch: KGBatch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.cfg
-        emb = self.entities(batch.entities)[ENTITY_FEATURE].values()
-        rel = self.relations(batch.relations, batch.step_relations)
+        rows = self.tables(batch.ids)
+        emb, rel = rows[ENTITY_FEATURE].values(), rows[RELATION_FEATURE].values()
         positive, negative = batch_scores(cfg, emb, rel, batch.sign, batch.chunk_size, batch.negatives)
         loss = kge_loss(cfg, positive, negative)
         if cfg.regularization > 0:  # L3 on the rows this step touches (DGL-KE's default norm)

@@ -20,7 +20,9 @@ import torch
 
 from torchrec_frugal.presample import count_ids
 
-from examples.graph.models import ENTITY_TABLE, KGBatch, PackedBatches, make_batch, pack_batch
+from examples.graph.models import (
+    ENTITY_FEATURE, ENTITY_TABLE, RELATION_FEATURE, RELATION_TABLE, KGBatch, PackedBatches, make_batch, pack_batch,
+)  # fmt: skip
 
 
 class ChunkedNegativeSampler:
@@ -93,7 +95,7 @@ class ChunkedNegativeSampler:
         mine = triples[lo:hi]
         corrupt_heads = step % 2 == 1
         anchors, trues = (mine[:, 2], mine[:, 0]) if corrupt_heads else (mine[:, 0], mine[:, 2])
-        return make_batch(anchors, mine[:, 1], trues, negatives[rank * c : (rank + 1) * c], corrupt_heads, triples[:, 1])
+        return make_batch(anchors, mine[:, 1], trues, negatives[rank * c : (rank + 1) * c], corrupt_heads)
 
     def batches(self, rank: int, steps: int, start: int = 0, workers: int = 0, pin: bool = False) -> Iterator[KGBatch]:
         """Rank ``rank``'s batches of steps ``start .. start + steps - 1``, in order.
@@ -111,14 +113,15 @@ class ChunkedNegativeSampler:
                 _RankSteps(self, rank, start, steps), batch_size=None, num_workers=workers, prefetch_factor=4,
                 pin_memory=pin, generator=torch.Generator().manual_seed(0),
             )  # fmt: skip
-            packed = PackedBatches(self.chunks_per_rank * self.chunk_size, self.chunk_size, self.negatives, self.batch_size)
+            packed = PackedBatches(self.chunks_per_rank * self.chunk_size, self.chunk_size, self.negatives)
             return map(packed.unpack, loader)
         return (self.rank_batch(step, rank) for step in range(start, start + steps))
 
-    def presample_counts(self, rank: int, steps: int) -> Dict[str, torch.Tensor]:
-        """How often each entity is read in this rank's first ``steps`` batches (Frugal's hot rows)."""
-        counts = count_ids(([b.entities.values()] for b in self.batches(rank, steps)), [self.num_entities])
-        return {ENTITY_TABLE: counts[0]}
+    def presample_counts(self, rank: int, steps: int, num_relations: int) -> Dict[str, torch.Tensor]:
+        """How often each entity and relation is read in this rank's first ``steps`` batches (Frugal's hot rows)."""
+        batches = ([b.ids[ENTITY_FEATURE].values(), b.ids[RELATION_FEATURE].values()] for b in self.batches(rank, steps))
+        entities, relations = count_ids(batches, [self.num_entities, num_relations])
+        return {ENTITY_TABLE: entities, RELATION_TABLE: relations}
 
 
 class _RankSteps(torch.utils.data.Dataset):

@@ -4,11 +4,9 @@
     torchrun --nproc_per_node=2 examples/graph/train.py --dataset umls --model complex --sharder torchrec --sharding table_wise
     python examples/graph/train.py --dataset umls --model complex          # one process
 
-The entity table is a TorchRec ``EmbeddingCollection`` sharded by the chosen sharder; relations
-are replicated (``models.RelationTable``: each step exchanges and updates the rows it touches).
-``--sharder`` is the only switch: it picks the sharder, its planner and its train pipeline.
-Entities train with the fused exact row-wise Adagrad (DGL-KE's sparse Adagrad), relations with
-Adagrad, as ``torch.optim.Adagrad`` steps a dense table.
+The entity and relation tables are one TorchRec ``EmbeddingCollection`` sharded by the chosen
+sharder. ``--sharder`` is the only switch: it picks the sharder, its planner and its train
+pipeline. Both tables train with the fused exact row-wise Adagrad (DGL-KE's sparse Adagrad).
 
 ``--batch-size`` is the *global* batch of positive triples per step, split evenly over the ranks,
 and the negatives are drawn per chunk of positives from a seeded stream that does not depend on
@@ -83,9 +81,11 @@ from examples.graph.models import (
     ENTITY_TABLE,
     LOSSES,
     MODELS,
+    RELATION_TABLE,
+    TABLE_SEED_OFFSETS,
     KGEConfig,
     KGEModel,
-    entity_collection,
+    kg_tables,
     query,
     score_all,
     seeded_uniform_,
@@ -154,12 +154,13 @@ def shard(
 ) -> Tuple[DistributedModelParallel, PlannedSharding]:
     """The model under ``--sharder`` (and ``--sharding``), and what was planned;
     ``data_parallel_wrapper``: DistributedModelParallel's wrapper of the dense parameters."""
-    presample = sampler.presample_counts(rank, args.presample_steps) if args.sharder == "frugal" else {}
+    num_relations = {t.name: t.num_embeddings for t in model.tables.embedding_configs()}[RELATION_TABLE]
+    presample = sampler.presample_counts(rank, args.presample_steps, num_relations) if args.sharder == "frugal" else {}
     planned = shard_plan(
         args,
         model,
         device,
-        [ENTITY_TABLE],
+        [ENTITY_TABLE, RELATION_TABLE],
         lambda: EmbeddingCollectionSharder(fused_params=fused_params(args)),
         functools.partial(frugal_sharder, args, presample),
         batch_per_rank=max(1, args.batch_size // dist.get_world_size()),
@@ -171,40 +172,47 @@ def shard(
     return dmp, planned
 
 
-def entity_state(dmp: nn.Module) -> Any:
-    """The entity table's state_dict value (one collective state_dict: Frugal reads its tables)."""
-    state = dmp.state_dict()
-    keys = [k for k in state if k.endswith(f"embeddings.{ENTITY_TABLE}.weight")]
+def table_key(state: Dict[str, Any], table: str) -> str:
+    """The state_dict key of ``table``'s weight."""
+    keys = [k for k in state if k.endswith(f"embeddings.{table}.weight")]
     if len(keys) != 1:
-        raise RuntimeError(f"expected one entity table in the state_dict, found {keys}")
-    return state[keys[0]]
+        raise RuntimeError(f"expected one {table} table in the state_dict, found {keys}")
+    return keys[0]
 
 
-def seed_entity_table(dmp: nn.Module, cfg: KGEConfig, seed: int, through_engines: bool = False) -> None:
-    """Give a sharded entity table the sharding-independent init: stock fused kernels draw their
-    own, and a frugal_row_wise engine calls the table's ``init_fn`` on its node's block alone (as
-    TorchRec does per shard); only a frugal engine over one node initializes the whole table.
-    Frugal tables (``through_engines``) load the values through their engines (``load_state_dict``),
+def seed_tables(dmp: nn.Module, cfg: KGEConfig, seed: int, through_engines: bool = False) -> None:
+    """Give sharded tables the sharding-independent init: stock fused kernels draw their own, and
+    a frugal_row_wise engine calls a table's ``init_fn`` on its node's block alone (as TorchRec
+    does per shard); only a frugal engine over one node initializes the whole table. Frugal
+    tables (``through_engines``) load the values through their engines (``load_state_dict``),
     which keeps their caches equal to host memory; stock shards take them in place."""
     state = dmp.state_dict()
-    key = next(k for k in state if k.endswith(f"embeddings.{ENTITY_TABLE}.weight"))
-    value = state[key]
-    if isinstance(value, ShardedTensor):
-        for s in value.local_shards():
-            r0, c0 = (int(x) for x in s.metadata.shard_offsets)
-            rows, cols = (int(x) for x in s.metadata.shard_sizes)
-            full = seeded_uniform_(torch.empty(rows, cfg.dim), cfg.init_bound, seed, first_row=r0)
-            with torch.no_grad():
-                s.tensor.copy_(full[:, c0 : c0 + cols])
-    else:  # data_parallel: a replicated tensor
-        seeded_uniform_(value, cfg.init_bound, seed)
+    loaded = {}
+    for table, offset in TABLE_SEED_OFFSETS.items():
+        key = table_key(state, table)
+        value = state[key]
+        if isinstance(value, ShardedTensor):
+            for s in value.local_shards():
+                r0, c0 = (int(x) for x in s.metadata.shard_offsets)
+                rows, cols = (int(x) for x in s.metadata.shard_sizes)
+                full = seeded_uniform_(torch.empty(rows, cfg.dim), cfg.init_bound, seed + offset, first_row=r0)
+                with torch.no_grad():
+                    s.tensor.copy_(full[:, c0 : c0 + cols])
+        else:  # data_parallel: a replicated tensor
+            seeded_uniform_(value, cfg.init_bound, seed + offset)
+        loaded[key] = value
     if through_engines:
-        dmp.load_state_dict({key: value}, strict=False)
+        dmp.load_state_dict(loaded, strict=False)
 
 
-def full_entity_table(dmp: nn.Module) -> torch.Tensor:
-    """The whole entity table on every rank, from any sharding's state_dict (collective)."""
-    value = entity_state(dmp)
+def full_tables(dmp: nn.Module) -> Dict[str, torch.Tensor]:
+    """The whole entity and relation tables on every rank, from any sharding's state_dict (collective)."""
+    state = dmp.state_dict()
+    return {table: full_table(state[table_key(state, table)]) for table in (ENTITY_TABLE, RELATION_TABLE)}
+
+
+def full_table(value: Any) -> torch.Tensor:
+    """The whole table of a state_dict value, sharded or not, on every rank (collective)."""
     if not isinstance(value, ShardedTensor):
         return value.detach().float().cpu().clone()
     full = torch.zeros(tuple(value.size()), dtype=torch.float32)
@@ -287,8 +295,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--loader-workers", type=int, default=None,
                    help="worker processes that make batches ahead, off the training thread (0: on it); "
                         "none: 1 where a rank has more than one core, else 0")  # fmt: skip
-    p.add_argument("--lr", type=float, default=0.1, help="entity table (fused row-wise Adagrad)")
-    p.add_argument("--relation-lr", type=float, default=0.1, help="relations (Adagrad on the rows a step touches)")
+    p.add_argument("--lr", type=float, default=0.1, help="entity and relation tables (fused row-wise Adagrad)")
     p.add_argument("--steps", type=int, default=1000, help="training steps")
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps; none: min(20, steps // 5)")
     p.add_argument("--sharder", choices=SHARDERS, default="frugal",
@@ -402,18 +409,14 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     pin = torch.cuda.is_available() and args.loader_workers > 0
     batches = sampler.batches(rank, args.steps - start, start=start, workers=args.loader_workers, pin=pin)
     t_setup = time.perf_counter()
-    model = KGEModel(
-        entity_collection(data.num_entities, cfg, args.seed), data.num_relations, cfg, args.seed, device, args.relation_lr
-    )
-    # the relations' exchange in a group of its own: no ordering against the entity table's collectives
-    model.relations.group = dist.new_group(backend=backend)
+    model = KGEModel(kg_tables(data.num_entities, data.num_relations, cfg, args.seed), cfg)
     dmp, planned = shard(args, model, sampler, rank, device, ckpt.data_parallel_wrapper())
     if rank == 0:
-        print(f"[graph] plan: {ENTITY_TABLE} table {planned.describe()}", flush=True)
+        print(f"[graph] plan: {ENTITY_TABLE} and {RELATION_TABLE} tables {planned.describe()}", flush=True)
     sharding = planned.shardings[ENTITY_TABLE]
     if args.sharder == "torchrec" or sharding == "frugal_row_wise":
-        seed_entity_table(dmp, cfg, args.seed, through_engines=args.sharder == "frugal")
-    opt = CombinedOptimizer([dmp.fused_optimizer])  # the relations step in their backward
+        seed_tables(dmp, cfg, args.seed, through_engines=args.sharder == "frugal")
+    opt = CombinedOptimizer([dmp.fused_optimizer])
     losses: List[torch.Tensor] = []
     if resume:
         local = ckpt.load(resume[1], dmp, opt)
@@ -478,9 +481,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     loss_all = gather_cat(torch.stack(tail).mean().reshape(1), device)
 
     need_tables = not args.no_eval or args.save_entities
-    entities = full_entity_table(dmp) if need_tables else torch.empty(0)
-    model.relations.settle()  # the last step's update
-    relations = model.relations.weight.detach().float().cpu().clone()
+    tables = full_tables(dmp) if need_tables else {}
+    entities, relations = tables.get(ENTITY_TABLE, torch.empty(0)), tables.get(RELATION_TABLE, torch.empty(0))
     metrics: Dict[str, Any] = {k: None for k in ("mrr", "hits_at_1", "hits_at_3", "hits_at_10", "mean_rank", "count")}
     eval_s = 0.0
     if not args.no_eval:

@@ -8,15 +8,19 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from examples.graph.models import (
+    ENTITY_FEATURE,
+    ENTITY_TABLE,
     MODELS,
+    RELATION_FEATURE,
+    RELATION_TABLE,
     KGBatch,
     KGEConfig,
     batch_scores,
-    RelationTable,
+    kg_tables,
     kge_loss,
+    make_batch,
     query,
     score_all,
     score_candidates,
@@ -152,7 +156,11 @@ def test_seeded_init_does_not_depend_on_sharding() -> None:
 
 
 def _ids(batch) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    return batch.entities.values()
+    return batch.ids[ENTITY_FEATURE].values()
+
+
+def _relations(batch) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return batch.ids[RELATION_FEATURE].values()
 
 
 def test_sampler_is_independent_of_world_size() -> None:
@@ -169,7 +177,7 @@ def test_sampler_is_independent_of_world_size() -> None:
         trues = torch.cat([_ids(p)[32:64] for p in parts])
         negs = torch.cat([_ids(p)[64:] for p in parts])
         assert torch.equal(ids1[:n], anchors) and torch.equal(ids1[n : 2 * n], trues) and torch.equal(ids1[2 * n :], negs)
-        assert torch.equal(b1.relations, torch.cat([p.relations for p in parts]))
+        assert torch.equal(_relations(b1), torch.cat([_relations(p) for p in parts]))
         assert float(b1.sign) == (-1.0 if step % 2 else 1.0) == float(parts[1].sign)
         assert b1.chunk_size == parts[0].chunk_size == 8 and negs.numel() == 8 * 5
     # an epoch visits every training triple once
@@ -194,13 +202,12 @@ def test_sampler_rejects_uneven_split() -> None:
 
 
 def assert_same_batch(a: KGBatch, b: KGBatch) -> None:
-    assert a.entities.keys() == b.entities.keys() and a.entities.stride() == b.entities.stride()
+    assert a.ids.keys() == b.ids.keys() and a.ids.stride() == b.ids.stride()
+    assert a.ids.length_per_key() == b.ids.length_per_key() and a.ids.offset_per_key() == b.ids.offset_per_key()
     for x, y in (
-        (a.entities.values(), b.entities.values()),
-        (a.entities.lengths(), b.entities.lengths()),
-        (a.entities.offsets(), b.entities.offsets()),
-        (a.relations, b.relations),
-        (a.step_relations, b.step_relations),
+        (a.ids.values(), b.ids.values()),
+        (a.ids.lengths(), b.ids.lengths()),
+        (a.ids.offsets(), b.ids.offsets()),
         (a.sign, b.sign),
     ):
         assert x.dtype == y.dtype and torch.equal(x, y)
@@ -226,10 +233,8 @@ def test_loader_workers_make_the_training_threads_batches() -> None:
         assert_same_batch(a, b)
         assert_same_batch(a, copy.rank_batch(step, 1))
     assert float(made[0].sign) == -1.0 and float(made[1].sign) == 1.0  # step 3 corrupts heads
-    for b in made:  # each sent as one buffer: ids, relations, the step's relations and sign are views of it
-        storage = b.entities.values().untyped_storage().data_ptr()
-        assert b.relations.untyped_storage().data_ptr() == storage == b.sign.untyped_storage().data_ptr()
-        assert b.step_relations.untyped_storage().data_ptr() == storage
+    for b in made:  # each sent as one buffer: the ids and the sign are views of it
+        assert b.ids.values().untyped_storage().data_ptr() == b.sign.untyped_storage().data_ptr()
     partial = sampler.batches(1, 7, start=3, workers=1)
     assert_same_batch(next(partial), inline[0])
     del partial  # as train.py ends: its workers stop
@@ -237,38 +242,34 @@ def test_loader_workers_make_the_training_threads_batches() -> None:
     assert set(multiprocessing.active_children()) == children
 
 
-def test_batches_carry_the_steps_relations_of_every_rank() -> None:
-    """Each rank's batch carries the relations of the whole step (what the relation table updates
-    on every rank), in every rank's batch alike; a relation outside them is refused by name."""
+def test_a_batch_holds_its_relations_in_the_first_bags_of_their_feature() -> None:
+    """The relation feature's first b bags hold the positives' relations, one each, the rest are
+    empty: the tables' lookup returns the b relation rows in the positives' order."""
+    anchors, relations, trues = torch.tensor([3, 4, 5, 6]), torch.tensor([2, 0, 2, 1]), torch.tensor([7, 8, 9, 1])
+    negatives = torch.tensor([[10, 11, 12], [13, 14, 15]])
+    batch = make_batch(anchors, relations, trues, negatives, corrupt_heads=True)
+    n = 4 + 4 + 6
+    assert batch.ids.keys() == [ENTITY_FEATURE, RELATION_FEATURE] and batch.ids.stride() == n
+    assert torch.equal(_ids(batch), torch.cat([anchors, trues, negatives.reshape(-1)]))
+    assert torch.equal(_relations(batch), relations)
+    assert batch.ids[RELATION_FEATURE].lengths().tolist() == [1] * 4 + [0] * (n - 4)
+    assert (batch.chunk_size, batch.negatives, float(batch.sign)) == (2, 3, -1.0)
+    with pytest.raises(ValueError, match="3 relations for 4 positives"):
+        make_batch(anchors, relations[:3], trues, negatives, corrupt_heads=False)
+    cfg = KGEConfig(model="transe_l2", dim=4)
+    tables = kg_tables(20, 3, cfg, seed=5, device=torch.device("cpu"))
+    rows = tables(batch.ids)
+    relation_weight = tables.embeddings[RELATION_TABLE].weight
+    assert torch.equal(rows[RELATION_FEATURE].values(), relation_weight[relations])
+    assert torch.equal(relation_weight, seeded_uniform_(torch.empty(3, 4), cfg.init_bound, seed=6))
+    assert torch.equal(tables.embeddings[ENTITY_TABLE].weight, seeded_uniform_(torch.empty(20, 4), cfg.init_bound, seed=5))
+
+
+def test_presample_counts_both_tables() -> None:
     g = torch.Generator().manual_seed(0)
     train = torch.stack([torch.randint(0, 50, (300,), generator=g), torch.randint(0, 9, (300,), generator=g), torch.randint(0, 50, (300,), generator=g)], 1)
     sampler = ChunkedNegativeSampler(train, 50, batch_size=64, chunk_size=8, negatives=5, world_size=2, seed=1)
-    for step in range(3):
-        mine = [sampler.rank_batch(step, r) for r in range(2)]
-        union = torch.cat([b.relations for b in mine])
-        assert torch.equal(mine[0].step_relations, union) and torch.equal(mine[1].step_relations, union)
-    table = RelationTable(9, 4, lr=0.1, device=torch.device("cpu"))
-    with pytest.raises(ValueError, match=r"relation\(s\) \[7\] of this rank's batch"):
-        table(torch.tensor([1, 7]), torch.tensor([1, 2, 1])).sum().backward()
-
-
-def test_relation_table_steps_as_dense_adagrad_bit_for_bit() -> None:
-    """RelationTable (the touched rows, in the backward) against a dense nn.Embedding stepped in
-    full by torch.optim.Adagrad: equal weights and sums after steps with repeated and untouched ids."""
-    gen = torch.Generator().manual_seed(0)
-    table = RelationTable(20, 8, lr=0.1, device=torch.device("cpu"))
-    seeded_uniform_(table.weight, 0.5, seed=1)
-    dense = nn.Embedding(20, 8)
-    dense.weight.data.copy_(table.weight)
-    opt = torch.optim.Adagrad(dense.parameters(), lr=0.1)
-    for _ in range(5):
-        ids = torch.randint(0, 12, (30,), generator=gen)  # rows 12.. never touched
-        target = torch.randn(30, 8, generator=gen)
-        for rows in (table(ids), dense(ids)):
-            ((rows - target) ** 2).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    assert torch.equal(table.weight, dense.weight.detach())
-    assert torch.equal(table.sum, opt.state[dense.weight]["sum"])
-    initial = seeded_uniform_(torch.empty(20, 8), 0.5, seed=1)
-    assert not torch.equal(table.weight[:12], initial[:12]) and torch.equal(table.weight[12:], initial[12:])
+    counts = sampler.presample_counts(1, 3, num_relations=9)
+    batches = [sampler.rank_batch(step, 1) for step in range(3)]
+    assert torch.equal(counts[ENTITY_TABLE], torch.bincount(torch.cat([_ids(b) for b in batches]), minlength=50))
+    assert torch.equal(counts[RELATION_TABLE], torch.bincount(torch.cat([_relations(b) for b in batches]), minlength=9))

@@ -135,7 +135,7 @@ def test_loader_workers_train_the_training_threads_tables(tmp_path) -> None:
         assert not torch.equal(inline["tables"][key], initial_tables()[key]), key
 
 
-REAL = ["--model", "complex", "--dim", "400", "--regularization", "3e-3", "--steps", "1500", "--batch-size", "512",
+REAL = ["--model", "complex", "--dim", "400", "--regularization", "3e-3", "--lr", "0.2", "--steps", "1500", "--batch-size", "512",
         "--chunk-size", "64", "--negatives", "64", "--log-every", "0", "--seed", "0"]  # fmt: skip
 
 

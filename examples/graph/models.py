@@ -1,4 +1,4 @@
-"""Knowledge-graph embedding models over a TorchRec entity table: TransE, DistMult, ComplEx.
+"""Knowledge-graph embedding models over TorchRec entity and relation tables: TransE, DistMult, ComplEx.
 
 The entities and the relations are two tables of one ``EmbeddingCollection`` (features
 ``"entity"`` and ``"relation"``), so that any TorchRec sharder (stock or Frugal) shards both, and

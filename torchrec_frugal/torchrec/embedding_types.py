@@ -313,9 +313,10 @@ class FrugalShardedModuleMixin:
         """How many future batches the engines take now (the module must have frugal tables)."""
         return min(lookup.lookahead_capacity() for lookup in self.frugal_lookups())
 
-    def agreement_group(self) -> Tuple[Optional[dist.ProcessGroup], float]:
-        """The process group whose ranks train this module together, and how long one waits for another."""
-        return self._frugal_pg, self._frugal_config.timeout_s
+    def agreement_group(self) -> Tuple[Optional[dist.ProcessGroup], FrugalConfig]:
+        """The process group whose ranks train this module together, and its configuration (how long
+        one rank waits for another, where shared memory lives)."""
+        return self._frugal_pg, self._frugal_config
 
     def lookahead(self) -> int:
         """The engines' lookahead window L (the module must have frugal tables)."""

@@ -6,10 +6,12 @@ the refused rank leaves its peers inside an all-to-all. So each rank's planner, 
 batch i of its stream, tells the others whether it could, and every rank drops batch i if any
 rank could not: the streams stay aligned, and the run goes on as if the batch had never been read.
 
-The verdicts travel over a gloo group of their own: the planner's thread sends them while the
-training thread runs the model's collectives, and a group may not interleave two threads' calls.
-They are control traffic, 4 bytes per rank and batch: :func:`is_agreement_group` tells a counter of
-the embedding collectives' bytes to leave them out.
+Where every rank runs on one machine the verdicts travel through named pipes
+(:class:`~.node_agreement.NodeBatchAgreement`); across machines over a gloo group of their own
+(:class:`BatchAgreement`): the planner's thread sends them while the training thread runs the
+model's collectives, and a group may not interleave two threads' calls. They are control traffic,
+4 bytes per rank and batch: :func:`is_agreement_group` tells a counter of the embedding
+collectives' bytes to leave them out.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import FrugalError, FrugalInputError
+from .node_agreement import NodeBatchAgreement, one_machine
 
 Agree = Callable[[int, bool], List[int]]
 """Given a batch's index and whether this rank refused it, the ranks that refused it (a collective)."""
@@ -31,6 +34,14 @@ _GROUPS: List[dist.ProcessGroup] = []  # every agreement's group (a process grou
 def is_agreement_group(group: object) -> bool:
     """Whether ``group`` carries the per-batch agreement (no embedding data)."""
     return any(group is g for g in _GROUPS)
+
+
+def batch_agreement(pg: dist.ProcessGroup, timeout_s: float, shm_dir: Optional[str] = None) -> Agree:
+    """The agreement of ``pg``'s ranks (collective): through named pipes where they all run on
+    this machine, else over gloo."""
+    if one_machine(pg):
+        return NodeBatchAgreement(pg, timeout_s, shm_dir).refused_by
+    return BatchAgreement(pg, timeout_s).refused_by
 
 
 class BatchAgreement:

@@ -31,7 +31,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ...config import check_int
 from ...errors import FrugalError, FrugalInputError
-from .batch_agreement import BatchAgreement, agreed_refusal
+from .batch_agreement import Agree, agreed_refusal, batch_agreement
 from .batch_planner import BatchPlanner, ModulePlans, PlanJob
 from ..embedding_types import FrugalShardedModuleMixin
 
@@ -117,7 +117,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         self._last_read: Optional[_ReadBatch] = None  # the newest batch read from the source
         self._read_count = 0
         self._dropped_at_end: List[BaseException] = []  # refused batches after the last good one
-        self._agreement: Optional[BatchAgreement] = None
+        self._agree: Optional[Agree] = None  # the ranks' agreement on each batch read (None: one rank)
         self._frugal: Optional[List[FrugalShardedModuleMixin]] = None
         self._warned_stock = False  # warned once that the model has no frugal table
 
@@ -180,10 +180,10 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
                 window = self._requested_lookahead
             self._window = window
             self._planning = bool(self._frugal) and all(m.plans_anywhere() for m in self._frugal)
-            if self._frugal and self._agreement is None:
-                pg, timeout_s = self._frugal[0].agreement_group()
+            if self._frugal and self._agree is None:
+                pg, config = self._frugal[0].agreement_group()
                 if pg is not None and dist.get_world_size(pg) > 1:
-                    self._agreement = BatchAgreement(pg, timeout_s)
+                    self._agree = batch_agreement(pg, config.timeout_s, config.shm_dir)
             for entry in list(self._handed) + list(self._ahead):  # read while TorchRec traced the model
                 self._start_plan(entry)
         return self._frugal
@@ -232,7 +232,7 @@ class FrugalTrainPipeline(TrainPipelineSparseDist[In, Out]):
         modules = self._frugal_modules()
         if entry.plans is not None or entry.checked or not modules:
             return
-        agree = self._agreement.refused_by if self._agreement is not None else None
+        agree = self._agree
         if self._planning:
             entry.plans = self._planner.submit(modules, entry.batch, entry.index, self._module_features, self._pin, agree)
             return

@@ -148,13 +148,13 @@ def shard(
     args: argparse.Namespace,
     model: KGEModel,
     sampler: ChunkedNegativeSampler,
+    num_relations: int,
     rank: int,
     device: torch.device,
     data_parallel_wrapper: Optional[Any] = None,
 ) -> Tuple[DistributedModelParallel, PlannedSharding]:
     """The model under ``--sharder`` (and ``--sharding``), and what was planned;
     ``data_parallel_wrapper``: DistributedModelParallel's wrapper of the dense parameters."""
-    num_relations = {t.name: t.num_embeddings for t in model.tables.embedding_configs()}[RELATION_TABLE]
     presample = sampler.presample_counts(rank, args.presample_steps, num_relations) if args.sharder == "frugal" else {}
     planned = shard_plan(
         args,
@@ -410,7 +410,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     batches = sampler.batches(rank, args.steps - start, start=start, workers=args.loader_workers, pin=pin)
     t_setup = time.perf_counter()
     model = KGEModel(kg_tables(data.num_entities, data.num_relations, cfg, args.seed), cfg)
-    dmp, planned = shard(args, model, sampler, rank, device, ckpt.data_parallel_wrapper())
+    dmp, planned = shard(args, model, sampler, data.num_relations, rank, device, ckpt.data_parallel_wrapper())
     if rank == 0:
         print(f"[graph] plan: {ENTITY_TABLE} and {RELATION_TABLE} tables {planned.describe()}", flush=True)
     sharding = planned.shardings[ENTITY_TABLE]

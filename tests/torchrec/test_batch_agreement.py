@@ -47,6 +47,21 @@ def _stops(rank: int, world: int) -> str:
     return "agreed"
 
 
+def _closes(rank: int, world: int) -> str:
+    agree = NodeBatchAgreement(dist.group.WORLD, timeout_s=30.0)
+    agree.refused_by(0, False)
+    if rank == 1:
+        agree.close()
+    dist.barrier()  # rank 1's pipes are closed before rank 0 sends its next verdict
+    if rank == 1:
+        return "closed"
+    try:
+        agree.refused_by(1, False)
+    except FrugalError as e:
+        return str(e)
+    return "agreed"
+
+
 def _other_batches(rank: int, world: int) -> str:
     agree = NodeBatchAgreement(dist.group.WORLD, timeout_s=30.0)
     try:
@@ -60,6 +75,12 @@ def test_a_rank_that_stops_is_named_not_waited_for() -> None:
     message = run_ranks(2, _stops)[0]
     assert "could not agree on batch 1: rank(s) [1] " in message, message
     assert message.endswith("are gone") or "did not answer" in message and "3 s" in message, message
+
+
+def test_a_verdict_sent_to_a_closed_rank_names_it() -> None:
+    """The peer's FIFO has no reader left: the write fails at once (EPIPE), named, not a BrokenPipeError."""
+    message = run_ranks(2, _closes)[0]
+    assert message == "FrugalTrainPipeline: the ranks could not agree on batch 1: rank(s) [1] are gone", message
 
 
 def test_ranks_that_read_other_batches_are_told() -> None:

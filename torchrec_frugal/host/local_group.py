@@ -81,17 +81,21 @@ class LocalGroup:
             raise cls(f"rank {self.rank}: {what} failed on rank {failed[0]}: {kind}: {message}")
         return [value for _, value in outcomes]  # type: ignore[misc]
 
+    def nodes(self) -> List[str]:
+        """Every rank's node (:func:`node_identity`), by rank."""
+        return [str(n) for n in self.gather(node_identity())]
+
     def check_one_machine(self) -> None:
         """Raise, naming the nodes and their ranks, if the group spans machines or launcher nodes.
 
         A node is a host, or one ``torchrun --nnodes`` launch (its ``GROUP_RANK``): nodes simulated
         on one host keep separate shared memory, so one engine cannot span them either.
         """
-        nodes = self.gather(node_identity())
+        nodes = self.nodes()
         if len(set(nodes)) > 1:
             by_node: Dict[str, List[int]] = {}
             for r, n in enumerate(nodes):
-                by_node.setdefault(n, []).append(r)  # type: ignore[arg-type]
+                by_node.setdefault(n, []).append(r)
             raise FrugalError(
                 "a Frugal engine keeps its tables in the shared memory of one node, but the ranks of its "
                 f"process group run on {len(by_node)} nodes: "

@@ -8,7 +8,10 @@ that train; a wait that polls shared memory costs the training thread more, each
 the GIL (docs/performance.md, "Relations as a table of the sharded collection").
 
 The names are unlinked as soon as every rank has opened them: nothing is left behind by a run,
-a crash or a test, and each agreement (one per pipeline) has FIFOs of its own.
+a crash or a test, and each agreement (one per pipeline) has FIFOs of its own. A process forked
+after the agreement is made (a DataLoader worker started later) inherits its descriptors: a rank
+that dies while such a child lives is then named at the timeout rather than at once, so the
+examples start their loaders' workers before the model.
 """
 from __future__ import annotations
 
@@ -23,16 +26,14 @@ import torch.distributed as dist
 
 from ...errors import FrugalError
 from ...host import shm
-from ...host.local_group import node_identity
+from ...host.local_group import LocalGroup
 
 _MSG = struct.Struct("<qii")  # batch index, sender rank, refused: 16 bytes, written whole (PIPE_BUF)
 
 
 def one_machine(pg: dist.ProcessGroup) -> bool:
     """Whether every rank of ``pg`` runs on this machine (collective)."""
-    nodes: List[object] = [None] * dist.get_world_size(pg)
-    dist.all_gather_object(nodes, node_identity(), group=pg)
-    return all(n == nodes[0] for n in nodes)
+    return len(set(LocalGroup(pg).nodes())) == 1
 
 
 class NodeBatchAgreement:
@@ -45,6 +46,7 @@ class NodeBatchAgreement:
     """
 
     def __init__(self, pg: dist.ProcessGroup, timeout_s: float, shm_dir: Optional[str] = None) -> None:
+        self._fds: List[int] = []  # every descriptor opened, closed by close()
         self.world_size, self.rank = dist.get_world_size(pg), dist.get_rank(pg)
         self.timeout_s = timeout_s
         directory = shm.resolve_dir(shm_dir)
@@ -58,8 +60,13 @@ class NodeBatchAgreement:
         try:
             dist.barrier(group=pg)
             self._in = os.open(path(self.rank), os.O_RDONLY | os.O_NONBLOCK)  # readers first: a writer's open needs one
+            self._fds.append(self._in)
             dist.barrier(group=pg)
-            self._out = [os.open(path(r), os.O_WRONLY) for r in range(self.world_size) if r != self.rank]
+            self._out: List[Tuple[int, int]] = []  # (peer, its FIFO's write end)
+            for r in range(self.world_size):
+                if r != self.rank:
+                    self._out.append((r, os.open(path(r), os.O_WRONLY)))
+                    self._fds.append(self._out[-1][1])
             dist.barrier(group=pg)
         finally:
             os.unlink(path(self.rank))
@@ -72,8 +79,11 @@ class NodeBatchAgreement:
     def refused_by(self, index: int, refused: bool) -> List[int]:
         """The ranks (of ``pg``) that could not plan batch ``index``; ``refused``: this rank could not."""
         message = _MSG.pack(index, self.rank, int(refused))
-        for fd in self._out:
-            os.write(fd, message)
+        for peer, fd in self._out:
+            try:
+                os.write(fd, message)
+            except BrokenPipeError as e:  # the peer closed its FIFO: it exited
+                raise FrugalError(self._gone(index, [peer])) from e
         deadline = time.monotonic() + self.timeout_s
         while not all(self._pending.values()):
             self._receive(index, deadline)
@@ -104,16 +114,21 @@ class NodeBatchAgreement:
         except BlockingIOError:
             return
         if not data:  # every peer closed its end
-            raise FrugalError(f"FrugalTrainPipeline: the ranks could not agree on batch {index}: rank(s) {waiting} are gone")
+            raise FrugalError(self._gone(index, waiting))
         data = self._partial + data
         whole = len(data) - len(data) % _MSG.size
         for peer_index, peer, peer_refused in _MSG.iter_unpack(data[:whole]):
             self._pending[peer].append((peer_index, peer_refused))
         self._partial = data[whole:]
 
-    def __del__(self) -> None:
-        for fd in getattr(self, "_out", []) + ([self._in] if hasattr(self, "_in") else []):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    @staticmethod
+    def _gone(index: int, peers: List[int]) -> str:
+        return f"FrugalTrainPipeline: the ranks could not agree on batch {index}: rank(s) {peers} are gone"
+
+    def close(self) -> None:
+        """Close the pipes (a peer still waiting then sees this rank gone)."""
+        while self._fds:
+            os.close(self._fds.pop())
+
+    def __del__(self) -> None:  # the pipeline holds only the bound refused_by
+        self.close()

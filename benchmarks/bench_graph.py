@@ -16,6 +16,9 @@ sharding and against perfect scaling (W x one rank alone on its share of the bat
   cache costs there, a comparison the example leaves out
 * ``table_wise``  ``--sharder torchrec --sharding table_wise``
 * ``row_wise``    ``--sharder torchrec --sharding row_wise``
+* ``column_wise`` ``--sharder torchrec --sharding column_wise`` (each rank holds half of every
+  row's columns; its row-wise Adagrad takes each half's own mean square, so it trains other
+  values than the single process does)
 * ``alone``       one process, ``--batch-size B/W`` (no communication): the upper bound
 * ``pbg``         PyTorch-BigGraph 1.0.0 on the same training triples (``--variants ... pbg``)
 
@@ -72,7 +75,7 @@ from examples.demo import TrainRunError, run_train  # noqa: E402
 from torchrec_frugal.estimate.measure import median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "graph" / "train.py"
-SPEED_VARIANTS = ("frugal", "frugal_cached", "table_wise", "row_wise", "alone", "pbg")
+SPEED_VARIANTS = ("frugal", "frugal_cached", "table_wise", "row_wise", "column_wise", "alone", "pbg")
 DEFAULT_SPEED_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 PBG_VERSION = "1.0.0"
 # PBG's log line at the end of an edge chunk: edges trained and the compute time of the chunk.
@@ -141,6 +144,7 @@ def speed_variants(args: argparse.Namespace) -> List[Tuple[str, int, List[str]]]
         "frugal_cached": (w, ["--sharder", "frugal", "--cache-ratio", "0.05", "--batch-size", str(b)]),
         "table_wise": (w, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b)]),
         "row_wise": (w, ["--sharder", "torchrec", "--sharding", "row_wise", "--batch-size", str(b)]),
+        "column_wise": (w, ["--sharder", "torchrec", "--sharding", "column_wise", "--batch-size", str(b)]),
         "alone": (1, ["--sharder", "torchrec", "--sharding", "table_wise", "--batch-size", str(b // w)]),
         "pbg": (w, []),  # run_pbg reads args itself
     }
@@ -342,7 +346,7 @@ def medians(variants: List[Tuple[str, int, List[str]]], runs: List[Dict[str, Any
 
 
 def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
-    stock = [v for v in ("table_wise", "row_wise") if med.get(v, {}).get("runs")]
+    stock = [v for v in ("table_wise", "row_wise", "column_wise") if med.get(v, {}).get("runs")]
     best = max(stock, key=lambda v: med[v]["samples_per_second"]) if stock else None
     perfect = nproc * med["alone"]["samples_per_second"] if med.get("alone", {}).get("runs") else None
     # paired ratios: frugal / best stock (and / PBG) within each repetition, then the median

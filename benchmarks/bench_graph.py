@@ -63,6 +63,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -434,7 +435,8 @@ def plot(result: Dict[str, Any], prefix: Path) -> Path:
         ax.set_ylabel("filtered MRR (test)")
         ax.set_ylim(0, 1)
         out = prefix.with_name(prefix.name + "_accuracy.png")
-    ax.set_title(result["headline"].replace("; ", "\n"), fontsize=9)
+    lines = [line for part in result["headline"].split("; ") for line in textwrap.wrap(part, 64)]
+    ax.set_title("\n".join(lines), fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -35,16 +35,21 @@ def test_every_rank_learns_every_refusal(world: int, nodes: int) -> None:
         assert [n for n in res["left"] if "agreement" in n] == []
 
 
+def _verdict_or_error(agree: NodeBatchAgreement, index: int) -> str:
+    """"agreed" if the ranks agree on batch ``index`` (this rank planned it), else the error's message."""
+    try:
+        agree.refused_by(index, False)
+    except FrugalError as e:
+        return str(e)
+    return "agreed"
+
+
 def _stops(rank: int, world: int) -> str:
     agree = NodeBatchAgreement(dist.group.WORLD, timeout_s=3.0)
     agree.refused_by(0, False)
     if rank == 1:
         return "stopped"  # reads no more batches (then exits: its end of the pipe closes, or the wait times out)
-    try:
-        agree.refused_by(1, False)
-    except FrugalError as e:
-        return str(e)
-    return "agreed"
+    return _verdict_or_error(agree, 1)
 
 
 def _closes(rank: int, world: int) -> str:
@@ -55,20 +60,17 @@ def _closes(rank: int, world: int) -> str:
     dist.barrier()  # rank 1's pipes are closed before rank 0 sends its next verdict
     if rank == 1:
         return "closed"
-    try:
-        agree.refused_by(1, False)
-    except FrugalError as e:
-        return str(e)
-    return "agreed"
+    return _verdict_or_error(agree, 1)
 
 
 def _other_batches(rank: int, world: int) -> str:
+    return _verdict_or_error(NodeBatchAgreement(dist.group.WORLD, timeout_s=30.0), 7 + rank)
+
+
+def _after_close(rank: int, world: int) -> str:
     agree = NodeBatchAgreement(dist.group.WORLD, timeout_s=30.0)
-    try:
-        agree.refused_by(7 + rank, False)
-    except FrugalError as e:
-        return str(e)
-    return "agreed"
+    agree.close()
+    return _verdict_or_error(agree, 0)
 
 
 def test_a_rank_that_stops_is_named_not_waited_for() -> None:
@@ -87,3 +89,8 @@ def test_ranks_that_read_other_batches_are_told() -> None:
     for rank, message in enumerate(run_ranks(2, _other_batches)):
         other = 1 - rank
         assert f"rank {rank}'s batch {7 + rank} met batch {7 + other} of rank {other}" in message, message
+
+
+def test_an_agreement_closed_refuses_to_agree_by_name() -> None:
+    for rank, message in enumerate(run_ranks(2, _after_close)):
+        assert message == f"FrugalTrainPipeline: rank {rank}'s batch agreement is closed: it cannot agree on batch 0", message

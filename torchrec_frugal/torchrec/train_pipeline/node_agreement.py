@@ -78,6 +78,10 @@ class NodeBatchAgreement:
 
     def refused_by(self, index: int, refused: bool) -> List[int]:
         """The ranks (of ``pg``) that could not plan batch ``index``; ``refused``: this rank could not."""
+        if not self._fds:
+            raise FrugalError(
+                f"FrugalTrainPipeline: rank {self.rank}'s batch agreement is closed: it cannot agree on batch {index}"
+            )
         message = _MSG.pack(index, self.rank, int(refused))
         for peer, fd in self._out:
             try:

@@ -36,7 +36,7 @@ def test_every_rank_learns_every_refusal(world: int, nodes: int) -> None:
 
 
 def _verdict_or_error(agree: NodeBatchAgreement, index: int) -> str:
-    """"agreed" if the ranks agree on batch ``index`` (this rank planned it), else the error's message."""
+    """The outcome of batch ``index``, which this rank planned: "agreed", or the error's message."""
     try:
         agree.refused_by(index, False)
     except FrugalError as e:

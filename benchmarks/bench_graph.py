@@ -50,6 +50,10 @@ difference from the single process (acceptance: within 0.01). Exits 1 when a dif
     python benchmarks/bench_graph.py --json benchmarks/results/graph_speed.json --plot benchmarks/results/graph
     python benchmarks/bench_graph.py --variants frugal table_wise row_wise pbg --json benchmarks/results/graph_pbg.json
     python benchmarks/bench_graph.py --suite accuracy --json benchmarks/results/graph_accuracy.json --plot benchmarks/results/graph
+
+``--pool A.json B.json ...`` runs nothing: it reads earlier speed results and prints each one's
+paired ratios and those of all their repetitions together (one invocation's median moves with the
+machine; the repetitions of several invocations show the spread).
 """
 from __future__ import annotations
 
@@ -346,21 +350,27 @@ def medians(variants: List[Tuple[str, int, List[str]]], runs: List[Dict[str, Any
     return out
 
 
-def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
-    stock = [v for v in ("table_wise", "row_wise", "column_wise") if med.get(v, {}).get("runs")]
-    best = max(stock, key=lambda v: med[v]["samples_per_second"]) if stock else None
-    perfect = nproc * med["alone"]["samples_per_second"] if med.get("alone", {}).get("runs") else None
-    # paired ratios: frugal / best stock (and / PBG) within each repetition, then the median
+STOCK_VARIANTS = ("table_wise", "row_wise", "column_wise")
+
+
+def paired_ratios(runs: List[Dict[str, Any]], variant: str, against: Sequence[str]) -> List[float]:
+    """``variant``'s triples/s over the fastest of ``against`` within each repetition that ran
+    both, in repetition order: the same moment of the machine on both sides of each ratio."""
     by_rep: Dict[int, Dict[str, float]] = {}
     for r in runs:
         if r.get("summary"):
             by_rep.setdefault(r["repeat"], {})[r["variant"]] = r["summary"]["samples_per_second"]
-    def paired_with(f: str, against: Sequence[str]) -> List[float]:
-        return [d[f] / max(d[v] for v in against if v in d) for d in by_rep.values()
-                if f in d and any(v in d for v in against)]  # fmt: skip
+    return [d[variant] / max(d[v] for v in against if v in d) for _, d in sorted(by_rep.items())
+            if variant in d and any(v in d for v in against)]  # fmt: skip
 
-    paired, paired_pbg = paired_with("frugal", stock), paired_with("frugal", ["pbg"])
-    cached, cached_pbg = paired_with("frugal_cached", stock), paired_with("frugal_cached", ["pbg"])
+
+def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
+    stock = [v for v in STOCK_VARIANTS if med.get(v, {}).get("runs")]
+    best = max(stock, key=lambda v: med[v]["samples_per_second"]) if stock else None
+    perfect = nproc * med["alone"]["samples_per_second"] if med.get("alone", {}).get("runs") else None
+    # paired ratios: frugal / best stock (and / PBG) within each repetition, then the median
+    paired, paired_pbg = paired_ratios(runs, "frugal", stock), paired_ratios(runs, "frugal", ["pbg"])
+    cached, cached_pbg = paired_ratios(runs, "frugal_cached", stock), paired_ratios(runs, "frugal_cached", ["pbg"])
     lines = ["| variant | ranks | triples/s (median) | min-max | vs best stock | vs perfect scaling | gate stall |",
              "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, o in med.items():
@@ -387,6 +397,35 @@ def speed_table(med: Dict[str, Dict[str, Any]], nproc: int, runs: List[Dict[str,
         lines.append(f"Frugal cached (0.05) / best stock ({best}), median of per-repetition ratios: {median_or_nan(cached):.2f}x")
     if cached_pbg:
         lines.append(f"Frugal cached (0.05) / PBG (compute-only), median of per-repetition ratios: {median_or_nan(cached_pbg):.2f}x")
+    return "\n".join(lines), facts
+
+
+def pooled_table(results: Sequence[Tuple[str, Dict[str, Any]]]) -> Tuple[str, Dict[str, Any]]:
+    """Frugal's paired ratios to the best stock sharding and to PBG in each speed result (``name``,
+    its JSON), and over all their repetitions together."""
+    lines = ["| result | repetitions | frugal / best stock, paired (by repetition) | frugal / PBG, paired |",
+             "|---|---:|---|---:|"]  # fmt: skip
+    every_stock: List[float] = []
+    every_pbg: List[float] = []
+    for name, result in results:
+        runs = result["runs"]
+        stock = paired_ratios(runs, "frugal", STOCK_VARIANTS)
+        pbg = paired_ratios(runs, "frugal", ["pbg"])
+        every_stock += stock
+        every_pbg += pbg
+        by_rep = ", ".join(f"{x:.2f}" for x in stock)
+        lines.append(f"| {name} | {len(stock)} | {median_or_nan(stock):.3f}x ({by_rep}) | {median_or_nan(pbg):.2f}x |")
+    facts = {
+        "repetitions": len(every_stock),
+        "frugal_vs_best_stock_paired": median_or_nan(every_stock),
+        "frugal_vs_pbg_paired": median_or_nan(every_pbg),
+        "frugal_vs_best_stock_sorted": sorted(every_stock),
+    }
+    lines.append(
+        f"\nAll {len(every_stock)} repetitions: frugal / best stock {facts['frugal_vs_best_stock_paired']:.3f}x, "
+        f"frugal / PBG {facts['frugal_vs_pbg_paired']:.2f}x (paired medians)"
+    )
+    lines.append("Frugal / best stock, sorted: " + ", ".join(f"{x:.2f}" for x in facts["frugal_vs_best_stock_sorted"]))
     return "\n".join(lines), facts
 
 
@@ -478,6 +517,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--tolerance", type=float, default=0.01)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG prefix")
+    ap.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="run nothing: the paired ratios of these speed results, each and pooled")
     args = ap.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.suite == "speed" else 1
@@ -497,6 +538,10 @@ def relative_to_root(path: Path) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.pool:
+        table, _ = pooled_table([(relative_to_root(p), json.loads(p.read_text())) for p in args.pool])
+        print(table)
+        return 0
     variants = speed_variants(args) if args.suite == "speed" else accuracy_variants(args)
     t0 = time.perf_counter()
     runs = run_all(args, variants)

@@ -24,9 +24,15 @@ background flusher threads per rank instead of the engine's choice on CPU, none)
 variants at batch 128 and 1024 per rank), ``all``.
 
     python benchmarks/bench_dlrm.py --json benchmarks/results/dlrm.json
+    python benchmarks/bench_dlrm.py --model paper --config avazu --variants frugal table_wise row_wise --json paper.json
     python benchmarks/bench_dlrm.py --ablation all --json benchmarks/results/dlrm_ablations.json
     python benchmarks/bench_dlrm.py --convergence --json benchmarks/results/dlrm_convergence.json
     python benchmarks/plot_dlrm.py benchmarks/results/dlrm.json benchmarks/results/dlrm
+
+``--model paper`` runs the authors' benchmark model (one table, MLP 32-512-256-1, MSE, SGD). Every
+table reports, per variant, the largest relative difference of a step's loss from a stock variant's
+in the same repetition ("loss vs stock"): the runs start from the same tables and read the same
+batches, so it is float rounding, or a defect.
 
 ``--convergence`` runs frugal and torchrec table_wise for the same steps and seed and reports the
 difference of their AUCs (goal: within 0.002); it exits with status 1 when the difference is larger.
@@ -159,8 +165,8 @@ def build_plan(args: argparse.Namespace, train_py: Path) -> tuple[List[Dict[str,
     for v in vs:
         b = v["batch_size"]
         steps = args.steps if args.steps is not None else default_steps(b, args.convergence)
-        common = ["--config", args.config, "--batch-size", str(b), "--steps", str(steps), "--seed", str(args.seed),
-                  "--log-every", "0"]  # fmt: skip  # no periodic AUC inside the timed steps
+        common = ["--config", args.config, "--model", args.model, "--batch-size", str(b), "--steps", str(steps),
+                  "--seed", str(args.seed), "--log-every", "0"]  # fmt: skip  # no periodic AUC inside the timed steps
         if args.scale is not None:
             common += ["--scale", f"{args.scale:g}"]
         if args.warmup is not None:
@@ -221,9 +227,10 @@ def summarize(variants: List[Dict[str, Any]], runs: List[Dict[str, Any]], world:
             o["perfect_scaling_samples_per_second"] = perfect
             o["vs_best_stock"] = o["samples_per_second"] / out[best]["samples_per_second"] if best else None
             o["vs_perfect"] = o["samples_per_second"] / perfect if perfect else None
-            paired_stock, paired_perfect, paired_frugal = [], [], []
+            paired_stock, paired_perfect, paired_frugal, loss_rel = [], [], [], []
             for rep, s in by[i].items():
                 st = [by[j][rep]["samples_per_second"] for j in stock if rep in by[j]]
+                loss_rel += [step_loss_difference(s, by[j][rep]) for j in stock if rep in by[j] and j != i]
                 if st:
                     paired_stock.append(s["samples_per_second"] / max(st))
                 if alone and rep in by[alone[0]]:
@@ -233,7 +240,16 @@ def summarize(variants: List[Dict[str, Any]], runs: List[Dict[str, Any]], world:
             o["vs_best_stock_paired"] = median_or_nan(paired_stock) if paired_stock else None
             o["vs_perfect_paired"] = median_or_nan(paired_perfect) if paired_perfect else None
             o["vs_frugal_paired"] = median_or_nan(paired_frugal) if paired_frugal else None
+            o["step_loss_rel_vs_stock"] = max(loss_rel) if loss_rel else None
     return out
+
+
+def step_loss_difference(a: Dict[str, Any], b: Dict[str, Any]) -> float:
+    """The largest relative difference of two runs' per-step losses (mean over ranks), step by step."""
+    la, lb = a.get("step_losses") or [], b.get("step_losses") or []
+    if not la or len(la) != len(lb):
+        return float("nan")
+    return max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(la, lb))
 
 
 # ---------------------------------------------------------------------------- tables
@@ -286,21 +302,23 @@ def markdown_tables(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any
         lines += _variant_table(
             f"batch {b} per rank, {world} ranks",
             ["variant", "ranks", "samples/s (median)", "min-max", "vs best stock", "vs best stock (paired)",
-             "vs perfect scaling", "vs perfect (paired)", "gate stall", "loss", "AUC", "cache hits", "wall s/run", "other load"],
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             "vs perfect scaling", "vs perfect (paired)", "gate stall", "loss", "loss vs stock (max rel, per step)", "AUC",
+             "cache hits", "wall s/run", "other load"],
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             [med[i] for i in ids],
             lambda o: [o["label"], str(o["nproc"])],
             lambda o: [
                 f"{o['samples_per_second']:,.0f}", f"{o['samples_per_second_min']:,.0f}-{o['samples_per_second_max']:,.0f}",
                 _x(o["vs_best_stock"]), _x(o["vs_best_stock_paired"]), _x(o["vs_perfect"]), _x(o["vs_perfect_paired"]),
-                _pct(o["gate_stall_fraction"]) if o["kind"] == "frugal" else "-", f"{o['loss']:.4f}", f"{o['auc']:.4f}",
+                _pct(o["gate_stall_fraction"]) if o["kind"] == "frugal" else "-", f"{o['loss']:.4f}",
+                "-" if o["step_loss_rel_vs_stock"] is None else f"{o['step_loss_rel_vs_stock']:.1e}", f"{o['auc']:.4f}",
                 _pct(o["cache_hit_ratio"]) if o["cache_hit_ratio"] is not None else "-", f"{o['wall_s']:.0f}",
                 _pct(o["foreign_cpu_share"]),
             ],
         )  # fmt: skip
         perfect = next((med[i]["perfect_scaling_samples_per_second"] for i in ids if med[i].get("perfect_scaling_samples_per_second")), None)
         if perfect:
-            lines.append(f"| perfect scaling ({world} x alone) | {world} | {perfect:,.0f} | | | | 1.00x | | | | | | | |")
+            lines.append(f"| perfect scaling ({world} x alone) | {world} | {perfect:,.0f} | | | | 1.00x | | | | | | | | |")
     tags = [t for t in ABLATIONS if t != "batch" and any(t in v["ablations"] for v in variants)]
     for tag in tags:
         b0 = variants[0]["batch_size"]  # the main batch size: the single-knob ablations run there
@@ -347,6 +365,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2, help="ranks W of the multi-rank variants")
     ap.add_argument("--config", default="criteo-kaggle")
+    ap.add_argument("--model", choices=("dlrm", "paper"), default="dlrm", help="train.py --model: TorchRec's DLRM or the paper's benchmark")
     ap.add_argument("--scale", type=float, default=None, help="row-count scale (default: train.py's, 0.1 for criteo-kaggle)")
     ap.add_argument("--batch-size", type=int, default=1024, help="per rank")
     ap.add_argument("--steps", type=int, default=None,

@@ -22,6 +22,12 @@ Sources of the cardinalities:
   users whose preprocessed files use them: the MLPerf 40M cap (:data:`CRITEO_TB_MLPERF_40M`) and the
   list of the current torchrec_dlrm README (:data:`CRITEO_TB_TORCHREC_DLRM`, frequency-thresholded).
 
+The paper's own DLRM benchmark (the authors' ``perf_rec_model.py`` and ``rec_dataloader.py``) is a
+different, embedding-dominated workload: :data:`PAPER_DATASETS` holds it, one table over one ID space
+per dataset of the authors' capacity (``RecDatasetCapacity``: avazu 9,449,206 rows, criteo 33,762,578,
+criteoTB 73,391,341), 21 or 26 ids a sample from that one table, sum-pooled, no dense features; the
+model is ``ModelConfig(kind="paper")``. ``get_config(name, model=ModelConfig(kind="paper"))`` picks it.
+
 Scaling: ``rows(scale)`` multiplies every cardinality by ``scale`` (rounded up) but never takes a
 table below ``min(cardinality, min_rows)``: small categorical fields (day of week, device type...)
 keep their true size, which costs nothing, and the large ones, which hold the bytes, shrink.
@@ -89,10 +95,13 @@ class DatasetConfig:
     num_dense: int
     default_scale: float
     source: str
+    ids_per_sample: int = 1  # ids of each feature in one sample (Criteo's fields: 1; the paper's one table: 21 or 26)
 
     def __post_init__(self) -> None:
         if len(self.feature_names) != len(self.cardinalities):
             raise ValueError(f"{self.name}: {len(self.feature_names)} names, {len(self.cardinalities)} cardinalities")
+        if self.ids_per_sample < 1:
+            raise ValueError(f"{self.name}: ids_per_sample must be >= 1, got {self.ids_per_sample}")
 
     @property
     def num_sparse(self) -> int:
@@ -150,14 +159,45 @@ DATASETS: Dict[str, DatasetConfig] = {
 }
 
 
+PAPER_CAPACITIES: Dict[str, int] = {"avazu": 9_449_206, "criteo-kaggle": 33_762_578, "criteo-tb": 73_391_341}
+"""Rows of the authors' one table per dataset (``RecDatasetCapacity`` in their ``rec_dataloader.py``)."""
+PAPER_IDS_PER_SAMPLE: Dict[str, int] = {"avazu": 21, "criteo-kaggle": 26, "criteo-tb": 26}
+"""Ids per sample of the authors' benchmark (``nr_ids_one_sample`` in their ``perf_rec_model.py``)."""
+PAPER_FEATURE = "ids"
+
+PAPER_DATASETS: Dict[str, DatasetConfig] = {
+    name: DatasetConfig(
+        name=name,
+        feature_names=(PAPER_FEATURE,),
+        cardinalities=(PAPER_CAPACITIES[name],),
+        num_dense=0,
+        default_scale=scale,
+        source="the authors' RecStore src/executable/dlrm/rec_dataloader.py (RecDatasetCapacity) and perf_rec_model.py",
+        ids_per_sample=PAPER_IDS_PER_SAMPLE[name],
+    )
+    for name, scale in (("avazu", 0.25), ("criteo-kaggle", 0.1), ("criteo-tb", 0.05))
+}
+"""The paper's DLRM benchmark: one table over one ID space per dataset; the default scales give
+2.4M-3.7M rows, about the per-field catalogue's defaults (two ranks fit a 24 GiB machine)."""
+
+MODEL_KINDS: Tuple[str, ...] = ("dlrm", "paper")
+EMBEDDING_OPTIMIZERS: Tuple[str, ...] = ("rowwise_adagrad", "sgd")
+PAPER_TRAINING: Dict[str, object] = {
+    "embedding_optimizer": "sgd", "embedding_lr": 0.01, "dense_optimizer": "sgd", "dense_lr": 0.01,
+}  # fmt: skip
+"""The authors' optimizers: SGD at lr 0.01 on the table and the MLP (``LR`` in ``perf_rec_model.py``)."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """The two models: the authors' benchmark MLP and TorchRec's DLRM.
+    """The two models: the paper's DLRM benchmark and TorchRec's DLRM.
 
-    ``mlp``: pooled embeddings of every field, concatenated with the dense features, through an
-    MLP 512-256-1 (ReLU between layers): the model of Frugal's DLRM benchmark.
+    ``paper``: the authors' benchmark (``SimpleDLRM`` in their ``perf_rec_model.py``): a sample's
+    ids of the one table sum-pooled into one ``embedding_dim`` vector, through an MLP
+    ``embedding_dim``-512-256-1 (``mlp_layers``, ReLU between layers), trained with MSE against
+    random 0/1 labels (a throughput benchmark), SGD on table and MLP.
     ``dlrm``: ``torchrec.models.dlrm.DLRM``: dense arch 512-256-dim, pairwise-dot interaction,
-    over arch 512-256-1.
+    over arch 512-256-1, over the per-field tables and the dense features.
     """
 
     kind: str = "dlrm"
@@ -167,8 +207,8 @@ class ModelConfig:
     over_arch_layers: Tuple[int, ...] = (512, 256, 1)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("dlrm", "mlp"):
-            raise ValueError(f"model must be 'dlrm' or 'mlp', got {self.kind!r}")
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.kind!r}")
         if self.kind == "dlrm" and self.dense_arch_layers[-1] != self.embedding_dim:
             raise ValueError("DLRM needs dense_arch_layers[-1] == embedding_dim")
         if self.mlp_layers[-1] != 1 or self.over_arch_layers[-1] != 1:
@@ -203,6 +243,7 @@ class RunConfig:
     cache_ratio: float = CACHE_RATIO
     lookahead: int = LOOKAHEAD
     embedding_lr: float = 0.05
+    embedding_optimizer: str = "rowwise_adagrad"
     dense_lr: float = 0.005
     dense_optimizer: str = "adagrad"
     skew: SkewConfig = field(default_factory=SkewConfig)
@@ -215,6 +256,8 @@ class RunConfig:
             raise ValueError(f"cache_ratio must be in [0, 1], got {self.cache_ratio}")
         if self.lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
+        if self.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
+            raise ValueError(f"embedding_optimizer must be one of {EMBEDDING_OPTIMIZERS}, got {self.embedding_optimizer!r}")
         if self.dense_optimizer not in ("adagrad", "sgd"):
             raise ValueError(f"dense_optimizer must be 'adagrad' or 'sgd', got {self.dense_optimizer!r}")
 
@@ -226,17 +269,29 @@ class RunConfig:
         return self.dataset.rows(self.effective_scale, self.min_rows)
 
 
-def get_config(name: str, **overrides: object) -> RunConfig:
-    """The run configuration of dataset ``name`` with ``overrides`` (RunConfig fields)."""
+def dataset_for(name: str, model_kind: str = "dlrm") -> DatasetConfig:
+    """Dataset ``name``'s shape as ``model_kind`` trains it: the per-field tables (``dlrm``) or the
+    authors' one table (``paper``)."""
     if name not in DATASETS:
         raise ValueError(f"unknown config {name!r}; choose one of {sorted(DATASETS)}")
-    return replace(RunConfig(dataset=DATASETS[name]), **overrides)  # type: ignore[arg-type]
+    return PAPER_DATASETS[name] if model_kind == "paper" else DATASETS[name]
+
+
+def get_config(name: str, **overrides: object) -> RunConfig:
+    """The run configuration of dataset ``name`` with ``overrides`` (RunConfig fields); the
+    dataset's shape follows the model (:func:`dataset_for`), and so do the optimizers' defaults
+    (:data:`PAPER_TRAINING` for the paper's model)."""
+    model = overrides.get("model", ModelConfig())
+    kind = model.kind  # type: ignore[union-attr]
+    defaults = dict(PAPER_TRAINING) if kind == "paper" else {}
+    return replace(RunConfig(dataset=dataset_for(name, kind)), **{**defaults, **overrides})  # type: ignore[arg-type]
 
 
 def describe(cfg: RunConfig, sizes: Sequence[int]) -> str:
     rows = sum(sizes)
+    ids = f", {cfg.dataset.ids_per_sample} ids a sample" if cfg.dataset.ids_per_sample > 1 else ""
     return (
-        f"{cfg.dataset.name} scale {cfg.effective_scale:g}: {len(sizes)} tables, {rows:,} rows "
+        f"{cfg.dataset.name} scale {cfg.effective_scale:g}: {len(sizes)} table{'s' if len(sizes) > 1 else ''}{ids}, {rows:,} rows "
         f"({rows * cfg.model.embedding_dim * 4 / 2**30:.2f} GiB at dim {cfg.model.embedding_dim}), "
         f"largest {max(sizes):,}"
     )

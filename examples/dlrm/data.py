@@ -42,22 +42,24 @@ SPLITS = {"train": 0, "eval": 1}
 
 
 class _KJTLayout:
-    """KJT metadata for ``F`` features with exactly one id each and batch size ``B`` (cached)."""
+    """KJT metadata for ``F`` features with exactly ``ids_per_sample`` ids each and batch size ``B`` (cached)."""
 
-    def __init__(self, keys: Sequence[str]) -> None:
+    def __init__(self, keys: Sequence[str], ids_per_sample: int = 1) -> None:
         self.keys = list(keys)
+        self.ids_per_sample = ids_per_sample
         self.index_per_key = {k: i for i, k in enumerate(self.keys)}
         self._by_batch: Dict[int, Tuple[torch.Tensor, torch.Tensor, List[int], List[int]]] = {}
 
     def kjt(self, ids: torch.Tensor, batch_size: int) -> KeyedJaggedTensor:
-        """``ids``: int64, feature-major ``[F * B]`` (feature 0's B ids, then feature 1's, ...)."""
+        """``ids``: int64, feature-major ``[F * B * ids_per_sample]`` (feature 0's samples, then feature 1's, ...)."""
         if batch_size not in self._by_batch:
-            n = len(self.keys) * batch_size
+            k, n = self.ids_per_sample, len(self.keys) * batch_size
+            per_key = batch_size * k
             self._by_batch[batch_size] = (
-                torch.ones(n, dtype=torch.int32),
-                torch.arange(n + 1, dtype=torch.int32),
-                [batch_size] * len(self.keys),
-                [batch_size * i for i in range(len(self.keys) + 1)],
+                torch.full((n,), k, dtype=torch.int32),
+                torch.arange(0, n * k + 1, k, dtype=torch.int32),
+                [per_key] * len(self.keys),
+                [per_key * i for i in range(len(self.keys) + 1)],
             )
         lengths, offsets, lpk, opk = self._by_batch[batch_size]
         return KeyedJaggedTensor(
@@ -86,7 +88,7 @@ def pack_arrays(dense: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> torch
 
 def unpack_batch(layout: _KJTLayout, packed: torch.Tensor, batch_size: int, num_dense: int) -> Batch:
     """The :class:`Batch` that :func:`pack_arrays` packed: views of ``packed``, no copy."""
-    n_ids, n_dense = len(layout.keys) * batch_size, batch_size * num_dense
+    n_ids, n_dense = len(layout.keys) * batch_size * layout.ids_per_sample, batch_size * num_dense
     dense_at, labels_at = 8 * n_ids, 8 * n_ids + 4 * n_dense
     return Batch(
         dense_features=packed[dense_at:labels_at].view(torch.float32).view(batch_size, num_dense),
@@ -96,7 +98,7 @@ def unpack_batch(layout: _KJTLayout, packed: torch.Tensor, batch_size: int, num_
 
 
 def make_batch(layout: _KJTLayout, dense: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> Batch:
-    """Batch from numpy ``dense [B, W]``, ``ids [F, B]`` and ``labels [B]``."""
+    """Batch from numpy ``dense [B, W]``, ``ids [F, B * ids_per_sample]`` and ``labels [B]``."""
     b = dense.shape[0]
     return Batch(
         dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
@@ -105,7 +107,83 @@ def make_batch(layout: _KJTLayout, dense: np.ndarray, ids: np.ndarray, labels: n
     )
 
 
-class SyntheticClickData:
+class _SyntheticBatches:
+    """What every synthetic source shares: batches as functions of (seed, split, rank, step), made
+    in the training process or by DataLoader workers, and the pre-sample's id counts.
+
+    A subclass sets ``dataset``, ``rows``, ``batch_size``, ``seed``, ``dense_width`` (columns of
+    ``Batch.dense_features``) and ``_layout``, and implements ``_sample`` (the ids of one batch,
+    int64 ``[F, B * ids_per_sample]``, and the generator that drew them) and ``arrays``."""
+
+    dataset: DatasetConfig
+    rows: List[int]
+    batch_size: int
+    seed: int
+    dense_width: int
+    _layout: _KJTLayout
+
+    def _rng(self, rank: int, step: int, split: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed, SPLITS[split], rank, step])
+
+    def _sample(self, rng: np.random.Generator) -> Tuple[np.ndarray, np.random.Generator]:
+        raise NotImplementedError
+
+    def arrays(self, rank: int, step: int, split: str = "train") -> Tuple[np.ndarray, ...]:
+        """(dense [B, W], ids [F, B * ids_per_sample], labels [B], ...) of one batch."""
+        raise NotImplementedError
+
+    def ids(self, rank: int, step: int, split: str = "train") -> np.ndarray:
+        """The ids of batch ``step`` of ``rank``: int64 ``[F, B * ids_per_sample]``."""
+        return self._sample(self._rng(rank, step, split))[0]
+
+    def batch(self, rank: int, step: int, split: str = "train") -> Batch:
+        dense, ids, labels = self.arrays(rank, step, split)[:3]
+        return make_batch(self._layout, dense, ids, labels)
+
+    def packed_batch(self, rank: int, step: int, split: str = "train") -> torch.Tensor:
+        """:meth:`batch` packed into one buffer (:func:`pack_arrays`), as a loader worker sends it."""
+        dense, ids, labels = self.arrays(rank, step, split)[:3]
+        return pack_arrays(dense, ids, labels)
+
+    def batches(
+        self, rank: int, start: int = 0, num: Optional[int] = None, split: str = "train", workers: int = 0,
+        pin: bool = False,
+    ) -> Iterator[Batch]:
+        """Batches ``start, start + 1, ...`` of ``rank`` (endless if ``num`` is None).
+
+        With ``workers`` > 0 (``num`` given) they are made by that many DataLoader worker
+        processes, ahead of use and off the training thread, as a real input pipeline makes
+        them; the batches and their order are the same. The workers start here, so call this
+        before the training process starts threads of its own. ``pin``: batches come in
+        page-locked memory (for an asynchronous copy to an accelerator). Each batch travels as
+        one buffer (:func:`pack_arrays`) and is unpacked here as views of it.
+        """
+        if workers > 0 and num is not None:
+            dataset = _SyntheticSteps(self, rank, start, num, split)
+            # A generator of its own: the workers' seeds must not be drawn from the global RNG,
+            # which the model's initial weights come from next.
+            loader = torch.utils.data.DataLoader(
+                dataset, batch_size=None, num_workers=workers, prefetch_factor=4, pin_memory=pin,
+                generator=torch.Generator().manual_seed(0),
+            )  # fmt: skip
+            return (unpack_batch(self._layout, packed, self.batch_size, self.dense_width) for packed in loader)
+        steps = itertools.count(start) if num is None else range(start, start + num)
+        return (self.batch(rank, s, split) for s in steps)
+
+    # ------------------------------------------------------------------ pre-sample
+    def presample_counts(
+        self, ranks: Iterable[int], steps: int, table_names: Optional[Sequence[str]] = None
+    ) -> Dict[str, torch.Tensor]:
+        """Per-table id counts over the first ``steps`` training batches of each of ``ranks``.
+
+        Keys are ``table_names`` (default ``dataset.table_names()``); values int64 ``[rows]``.
+        """
+        names = list(table_names) if table_names is not None else self.dataset.table_names()
+        batches = (torch.from_numpy(self.ids(r, s)) for r in ranks for s in range(steps))
+        return dict(zip(names, presample.count_ids(batches, self.rows)))
+
+
+class SyntheticClickData(_SyntheticBatches):
     """Skewed, learnable synthetic click data with a dataset's shape.
 
     Args:
@@ -150,16 +228,10 @@ class SyntheticClickData:
         self._dense_coef = (hidden.normal(0.0, 1.0, self.num_dense) * dense_std / math.sqrt(max(1, self.num_dense))).astype(
             np.float32
         )
+        self.dense_width = max(1, self.num_dense)  # a dataset without numeric fields has one constant column
         self._layout = _KJTLayout(self.feature_names)
 
     # ------------------------------------------------------------------ generation
-    def _rng(self, rank: int, step: int, split: str) -> np.random.Generator:
-        return np.random.default_rng([self.seed, SPLITS[split], rank, step])
-
-    def ids(self, rank: int, step: int, split: str = "train") -> np.ndarray:
-        """The ids of batch ``step`` of ``rank``: int64 ``[F, B]``."""
-        return self._sample(self._rng(rank, step, split))[0]
-
     def _sample(self, rng: np.random.Generator) -> Tuple[np.ndarray, np.random.Generator]:
         ids = np.empty((len(self.samplers), self.batch_size), dtype=np.int64)
         for t, z in enumerate(self.samplers):
@@ -182,56 +254,6 @@ class SyntheticClickData:
         labels = (rng.random(b, dtype=np.float32) < prob).astype(np.float32)
         return dense, ids, labels, prob
 
-    def batch(self, rank: int, step: int, split: str = "train") -> Batch:
-        dense, ids, labels, _ = self.arrays(rank, step, split)
-        return make_batch(self._layout, dense, ids, labels)
-
-    def packed_batch(self, rank: int, step: int, split: str = "train") -> torch.Tensor:
-        """:meth:`batch` packed into one buffer (:func:`pack_arrays`), as a loader worker sends it."""
-        dense, ids, labels, _ = self.arrays(rank, step, split)
-        return pack_arrays(dense, ids, labels)
-
-    @property
-    def _dense_width(self) -> int:
-        return max(1, self.num_dense)  # a dataset without numeric fields has one constant column
-
-    def batches(
-        self, rank: int, start: int = 0, num: Optional[int] = None, split: str = "train", workers: int = 0,
-        pin: bool = False,
-    ) -> Iterator[Batch]:
-        """Batches ``start, start + 1, ...`` of ``rank`` (endless if ``num`` is None).
-
-        With ``workers`` > 0 (``num`` given) they are made by that many DataLoader worker
-        processes, ahead of use and off the training thread, as a real input pipeline makes
-        them; the batches and their order are the same. The workers start here, so call this
-        before the training process starts threads of its own. ``pin``: batches come in
-        page-locked memory (for an asynchronous copy to an accelerator). Each batch travels as
-        one buffer (:func:`pack_arrays`) and is unpacked here as views of it.
-        """
-        if workers > 0 and num is not None:
-            dataset = _SyntheticSteps(self, rank, start, num, split)
-            # A generator of its own: the workers' seeds must not be drawn from the global RNG,
-            # which the model's initial weights come from next.
-            loader = torch.utils.data.DataLoader(
-                dataset, batch_size=None, num_workers=workers, prefetch_factor=4, pin_memory=pin,
-                generator=torch.Generator().manual_seed(0),
-            )  # fmt: skip
-            return (unpack_batch(self._layout, packed, self.batch_size, self._dense_width) for packed in loader)
-        steps = itertools.count(start) if num is None else range(start, start + num)
-        return (self.batch(rank, s, split) for s in steps)
-
-    # ------------------------------------------------------------------ pre-sample
-    def presample_counts(
-        self, ranks: Iterable[int], steps: int, table_names: Optional[Sequence[str]] = None
-    ) -> Dict[str, torch.Tensor]:
-        """Per-table id counts over the first ``steps`` training batches of each of ``ranks``.
-
-        Keys are ``table_names`` (default ``dataset.table_names()``); values int64 ``[rows]``.
-        """
-        names = list(table_names) if table_names is not None else self.dataset.table_names()
-        batches = (torch.from_numpy(self.ids(r, s)) for r in ranks for s in range(steps))
-        return dict(zip(names, presample.count_ids(batches, self.rows)))
-
     def bayes_auc(self, rank: int = 0, steps: int = 20, split: str = "eval") -> float:
         """AUC of the planted click probability itself: the ceiling any model can reach."""
         probs, labels = [], []
@@ -240,6 +262,37 @@ class SyntheticClickData:
             probs.append(p)
             labels.append(y)
         return auc(np.concatenate(probs), np.concatenate(labels))
+
+
+class SyntheticPaperData(_SyntheticBatches):
+    """The input of the paper's DLRM benchmark: ``ids_per_sample`` ids a sample from one table,
+    Zipf(s) over a random permutation of its rows (s by table size, :class:`SkewConfig`), no dense
+    features (``dense_features`` is ``[B, 0]``), and labels 0 or 1 at random, as the authors'
+    throughput benchmark draws them (``torch.randint(0, 2, ...)`` each step): nothing to learn,
+    only a step to time. Batches are functions of (seed, split, rank, step)."""
+
+    def __init__(
+        self, dataset: DatasetConfig, rows: Sequence[int], batch_size: int, seed: int = 0, skew: SkewConfig = SkewConfig()
+    ) -> None:
+        if dataset.num_sparse != 1 or len(rows) != 1:
+            raise ValueError(f"{dataset.name}: the paper's benchmark has one table, got {len(rows)} row counts")
+        self.dataset = dataset
+        self.rows = [int(rows[0])]
+        self.batch_size = batch_size
+        self.seed = seed
+        self.ids_per_sample = dataset.ids_per_sample
+        self.sampler = ZipfIds(self.rows[0], skew.s_for(self.rows[0]), seed * 1000)
+        self.dense_width = 0
+        self._layout = _KJTLayout(dataset.feature_names, self.ids_per_sample)
+
+    def _sample(self, rng: np.random.Generator) -> Tuple[np.ndarray, np.random.Generator]:
+        return self.sampler.sample(self.batch_size * self.ids_per_sample, rng).reshape(1, -1), rng
+
+    def arrays(self, rank: int, step: int, split: str = "train") -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(dense [B, 0], ids [1, B * ids_per_sample] sample by sample, labels [B])."""
+        ids, rng = self._sample(self._rng(rank, step, split))
+        labels = rng.integers(0, 2, self.batch_size).astype(np.float32)
+        return np.empty((self.batch_size, 0), dtype=np.float32), ids, labels
 
 
 class _SyntheticSteps(torch.utils.data.Dataset):
@@ -442,3 +495,65 @@ def criteo_npy_batches(
             )
 
     yield from _passes(one_pass, repeat)
+
+
+# ---------------------------------------------------------------------- the authors' binary format
+def paper_npy_files(prefix: str) -> Tuple[str, str]:
+    """(``<prefix>.npy``, ``<prefix>_offsets.npy``): the authors' files of a dataset's ids in one ID
+    space, sample after sample, and each sample's start in them (one more entry than samples)."""
+    if prefix.endswith(".npy"):
+        prefix = prefix[: -len(".npy")]
+    files = (f"{prefix}.npy", f"{prefix}_offsets.npy")
+    for f in files:
+        if not os.path.exists(f):
+            raise FileNotFoundError(f)
+    return files
+
+
+def paper_npy_batches(
+    prefix: str,
+    dataset: DatasetConfig,
+    rows: int,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int = 0,
+    capacity: Optional[int] = None,
+) -> Iterator[Batch]:
+    """Endless batches of this rank from the authors' binary files (:func:`paper_npy_files`), dealt
+    as their ``RecDatasetLoader`` deals them: the samples cut to a multiple of ``world_size *
+    batch_size``, rank r's i-th batch the samples from ``(i * world_size + r) * batch_size``, the
+    file cycled. Ids must lie in ``[0, capacity)`` (default: the dataset's one cardinality); they
+    are taken modulo ``rows`` (the scaled table). Labels are 0 or 1 at random, as the authors draw
+    them, from (seed, rank, step)."""
+    ids_path, offsets_path = paper_npy_files(prefix)
+    ids = np.load(ids_path, mmap_mode="r")
+    offsets = np.asarray(np.load(offsets_path), dtype=np.int64)
+    capacity = dataset.cardinalities[0] if capacity is None else capacity
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{ids_path}: expected a 1-D array of integer ids, got {ids.dtype} of shape {ids.shape}")
+    if offsets.ndim != 1 or offsets.size < 2 or offsets[0] != 0 or offsets[-1] != ids.size or (np.diff(offsets) < 0).any():
+        raise ValueError(f"{offsets_path}: expected nondecreasing sample offsets from 0 to {ids.size} (the ids' count)")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= capacity:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{ids_path}: id {bad} is outside table t_{dataset.feature_names[0]}'s [0, {capacity}) "
+                         f"(feature {dataset.feature_names[0]!r}, config {dataset.name})")  # fmt: skip
+    per_round = world_size * batch_size
+    samples = (offsets.size - 1) // per_round * per_round
+    if samples == 0:
+        raise ValueError(f"{offsets_path}: {offsets.size - 1} samples, fewer than one round of {world_size} ranks x {batch_size}")
+    layout = _KJTLayout(dataset.feature_names)
+    for step in itertools.count():
+        first = ((step * world_size + rank) * batch_size) % samples
+        span = offsets[first : first + batch_size + 1]
+        values = torch.from_numpy(np.asarray(ids[span[0] : span[-1]], dtype=np.int64) % rows)
+        labels = np.random.default_rng([seed, SPLITS["train"], rank, step]).integers(0, 2, batch_size)
+        yield Batch(
+            dense_features=torch.empty((batch_size, 0)),
+            sparse_features=KeyedJaggedTensor(
+                keys=layout.keys, values=values, lengths=torch.from_numpy(np.diff(span).astype(np.int32)),
+                stride=batch_size, length_per_key=[values.numel()], offset_per_key=[0, values.numel()],
+            ),  # fmt: skip
+            labels=torch.from_numpy(labels.astype(np.float32)),
+        )

@@ -2,6 +2,12 @@
 
     torchrun --nproc_per_node=2 examples/dlrm/train.py --config criteo-kaggle --sharder torchrec --sharding table_wise
     torchrun --nproc_per_node=2 examples/dlrm/train.py --config criteo-kaggle --sharder frugal
+    torchrun --nproc_per_node=2 examples/dlrm/train.py --model paper --config criteo-kaggle --scale 0.05 --sharder frugal
+
+Two models. ``--model dlrm`` (default): TorchRec's DLRM over one table per field plus the dense
+features. ``--model paper``: the authors' own DLRM benchmark (their ``perf_rec_model.py``): one
+table over one ID space of the dataset's capacity, 21 or 26 ids a sample sum-pooled into one
+vector, MLP 32-512-256-1, MSE against random labels, SGD on table and MLP.
 
 ``--sharder`` is the only switch between the two: it picks the sharder (TorchRec's
 ``EmbeddingBagCollectionSharder`` or torchrec_frugal's ``FrugalEmbeddingBagCollectionSharder``),
@@ -82,13 +88,17 @@ from examples.common import (
 from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIO, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
 from examples.dlrm.data import (
     SyntheticClickData,
+    SyntheticPaperData,
     auc,
     count_ids,
     criteo_npy_batches,
     criteo_tsv_batches,
     npy_files,
+    paper_npy_batches,
+    paper_npy_files,
     tsv_paths,
 )
+from torchrec_frugal.datasets import EMBEDDING_OPTIMIZERS, MODEL_KINDS
 
 # What a checkpoint keeps of the metrics, per rank: the loss, logit and label windows and the first window.
 METRIC_BUFFERS = ("losses", "logits", "labels", "first_logits", "first_labels")
@@ -102,25 +112,36 @@ FRUGAL_ROW_WISE = "frugal_row_wise"  # Frugal inside each node, row_wise across 
 
 
 # ---------------------------------------------------------------------------- models
-class MLPClick(nn.Module):
-    """The authors' benchmark model: pooled embeddings ++ dense features -> MLP (512-256-1)."""
+class PaperDLRM(nn.Module):
+    """The authors' DLRM benchmark model (``SimpleDLRM`` in their ``perf_rec_model.py``): each
+    sample's ids of the one table sum-pooled into one vector (the EmbeddingBagCollection's SUM
+    pooling), then the MLP ``embedding_dim``-``layer_sizes`` with a ReLU between layers, weights
+    N(0, 2 / (fan_in + fan_out)) and biases N(0, 1 / fan_out) as they draw them (from torch's
+    seeded generator here).
+
+    One departure: their code also puts a ReLU after the last layer. With that init the last bias
+    is N(0, 1), so for about half the seeds that ReLU is 0 on every sample, no gradient reaches the
+    table, and two shardings agree whatever they do. Without it the output is the regression's
+    prediction and every step trains the table; the work differs by one ReLU over B values."""
 
     def __init__(
-        self,
-        embedding_bag_collection: EmbeddingBagCollection,
-        dense_in_features: int,
-        layer_sizes: Sequence[int],
-        dense_device: Optional[torch.device] = None,
+        self, embedding_bag_collection: EmbeddingBagCollection, layer_sizes: Sequence[int], dense_device: Optional[torch.device] = None
     ) -> None:
         super().__init__()
         self.sparse_arch = SparseArch(embedding_bag_collection)
-        configs = embedding_bag_collection.embedding_bag_configs()
-        in_features = dense_in_features + sum(c.embedding_dim * len(c.feature_names) for c in configs)
-        self.over_arch = OverArch(in_features=in_features, layer_sizes=list(layer_sizes), device=dense_device)
+        (config,) = embedding_bag_collection.embedding_bag_configs()
+        widths = [config.embedding_dim, *layer_sizes]
+        layers: List[nn.Module] = []
+        for n, m in zip(widths, widths[1:]):
+            linear = nn.Linear(n, m, device=dense_device)
+            with torch.no_grad():
+                linear.weight.normal_(0.0, (2.0 / (m + n)) ** 0.5)
+                linear.bias.normal_(0.0, (1.0 / m) ** 0.5)
+            layers += [linear, nn.ReLU()]
+        self.mlp = nn.Sequential(*layers[:-1])
 
     def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        embedded = self.sparse_arch(sparse_features)  # [B, F, D]
-        return self.over_arch(torch.cat([dense_features, embedded.flatten(1)], dim=1))
+        return self.mlp(self.sparse_arch(sparse_features).flatten(1))  # [B, 1, D] -> [B, D]
 
 
 def table_inits(cfg: RunConfig, rows: Sequence[int], perturbation: float = 0.0) -> Dict[str, Any]:
@@ -134,8 +155,8 @@ def table_inits(cfg: RunConfig, rows: Sequence[int], perturbation: float = 0.0) 
 
 
 def build_model(cfg: RunConfig, rows: Sequence[int], device: torch.device, perturbation: float = 0.0) -> DLRMTrain:
-    """DLRMTrain around TorchRec's DLRM or the authors' MLP, tables on the meta device with the
-    sharding-independent init of :func:`table_inits`."""
+    """DLRMTrain around TorchRec's DLRM (BCE loss) or the authors' benchmark model (MSE loss),
+    tables on the meta device with the sharding-independent init of :func:`table_inits`."""
     m = cfg.model
     inits = table_inits(cfg, rows, perturbation)
     tables = [
@@ -153,8 +174,11 @@ def build_model(cfg: RunConfig, rows: Sequence[int], device: torch.device, pertu
             dense_device=device,
         )
     else:
-        net = MLPClick(ebc, dense_in, m.mlp_layers, dense_device=device)
-    return DLRMTrain(net)  # type: ignore[arg-type]  # any (dense, KJT) -> logits module works
+        net = PaperDLRM(ebc, m.mlp_layers, dense_device=device)
+    train = DLRMTrain(net)  # type: ignore[arg-type]  # any (dense, KJT) -> logits module works
+    if m.kind == "paper":
+        train.loss_fn = nn.MSELoss()  # the authors' loss, against random 0/1 labels
+    return train
 
 
 # ---------------------------------------------------------------------------- sharders
@@ -171,7 +195,9 @@ class StockSharder(EmbeddingBagCollectionSharder):
 
 
 def fused_params(cfg: RunConfig) -> Dict[str, Any]:
-    """The tables' fused optimizer, as FBGEMM's TBE takes it: exact row-wise Adagrad."""
+    """The tables' fused optimizer, as FBGEMM's TBE takes it: exact row-wise Adagrad or exact SGD."""
+    if cfg.embedding_optimizer == "sgd":
+        return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": cfg.embedding_lr}
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": cfg.embedding_lr, "eps": 1e-8}
 
 
@@ -195,12 +221,15 @@ def data_iterator(
     """
     names = cfg.dataset.table_names()
     if args.data == "synthetic":
-        gen = SyntheticClickData(cfg.dataset, rows, cfg.batch_size, seed=cfg.seed, skew=cfg.skew)
+        source = SyntheticPaperData if cfg.model.kind == "paper" else SyntheticClickData
+        gen = source(cfg.dataset, rows, cfg.batch_size, seed=cfg.seed, skew=cfg.skew)
         presample = gen.presample_counts([rank], args.presample_steps) if args.sharder == "frugal" else {}
         pin = torch.cuda.is_available() and args.loader_workers > 0
         return gen.batches(rank, start, args.steps - start, workers=args.loader_workers, pin=pin), presample
 
     def real() -> Iterator[Batch]:
+        if args.data == "paper-npy":
+            return paper_npy_batches(args.data_path, cfg.dataset, rows[0], cfg.batch_size, rank, world, seed=cfg.seed)
         if args.data == "criteo-tsv":
             return criteo_tsv_batches(
                 tsv_paths(args.data_path), cfg.dataset, rows, cfg.batch_size, rank, world, repeat=True
@@ -227,13 +256,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--sharding", choices=STOCK_SHARDINGS + (FRUGAL_ROW_WISE,), default="table_wise",
                    help="torchrec: sharding of every table; frugal_row_wise (implies --sharder frugal): every table "
                         "in one row block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
-    p.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm", help="TorchRec's DLRM, or the authors' MLP (512-256-1)")
-    p.add_argument("--embedding-lr", type=float, default=0.05, help="tables (fused exact row-wise Adagrad)")
-    p.add_argument("--dense-lr", type=float, default=0.005, help="dense parameters")
-    p.add_argument("--dense-optimizer", choices=("adagrad", "sgd"), default="adagrad", help="dense parameters")
-    p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy"), default="synthetic",
-                   help="synthetic: skewed clicks with planted labels, no files; criteo-*: Criteo files at --data-path")
-    p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of *_{dense,sparse,labels}.npy")
+    p.add_argument("--model", choices=MODEL_KINDS, default="dlrm",
+                   help="dlrm: TorchRec's DLRM over one table per field and the dense features; paper: the authors' "
+                        "benchmark, one table of the dataset's capacity, its ids sum-pooled, MLP 32-512-256-1, MSE")  # fmt: skip
+    p.add_argument("--mlp", default=None, help="paper: the MLP's layer widths after the pooled vector, comma-separated "
+                   "(the authors' --with_nn; default 512,256,1, swept 256,1 .. 512,512,512,512,256,1)")  # fmt: skip
+    p.add_argument("--embedding-optimizer", choices=EMBEDDING_OPTIMIZERS, default=None,
+                   help="tables' fused optimizer (exact); none: rowwise_adagrad for dlrm, sgd for paper")
+    p.add_argument("--embedding-lr", type=float, default=None, help="tables; none: 0.05 for dlrm, 0.01 for paper")
+    p.add_argument("--dense-lr", type=float, default=None, help="dense parameters; none: 0.005 for dlrm, 0.01 for paper")
+    p.add_argument("--dense-optimizer", choices=("adagrad", "sgd"), default=None,
+                   help="dense parameters; none: adagrad for dlrm, sgd for paper")
+    p.add_argument("--data", choices=("synthetic", "criteo-tsv", "criteo-npy", "paper-npy"), default="synthetic",
+                   help="synthetic: skewed ids, no files (dlrm: clicks with planted labels; paper: random labels); "
+                        "criteo-*: Criteo files at --data-path (dlrm); paper-npy: the authors' binary files (paper)")  # fmt: skip
+    p.add_argument("--data-path", default=None, help="criteo-tsv: a file or directory; criteo-npy: a directory of "
+                   "*_{dense,sparse,labels}.npy; paper-npy: the prefix of <prefix>.npy and <prefix>_offsets.npy")  # fmt: skip
     add_frugal_arguments(p)
     p.add_argument("--loader-workers", type=int, default=1,
                    help="synthetic data: worker processes that make batches ahead, off the training thread")
@@ -253,6 +291,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.sharding == FRUGAL_ROW_WISE:
         args.sharder = "frugal"
+    check_model(p, args)
     check_data_path(p, args)
     check_hardware(p, args)
     check_steps(p, args)
@@ -267,6 +306,26 @@ DATA_HELP = (
 )
 
 
+def check_model(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--model`` against the options that belong to one model only, and ``--mlp``'s widths."""
+    paper_data = args.data in ("synthetic", "paper-npy")
+    if args.model == "paper" and not paper_data:
+        p.error(f"--data {args.data} holds Criteo's fields, one table each: train it with --model dlrm "
+                "(the paper's model reads --data synthetic or paper-npy)")  # fmt: skip
+    if args.model == "dlrm" and args.data == "paper-npy":
+        p.error("--data paper-npy is the authors' one-table format: train it with --model paper")
+    if args.mlp is not None and args.model != "paper":
+        p.error(f"--mlp {args.mlp} shapes the paper's model; --model {args.model} has its own layers")
+    if args.mlp is not None:
+        try:
+            widths = tuple(int(w) for w in args.mlp.split(",") if w.strip())
+        except ValueError:
+            widths = ()
+        if not widths or widths[-1] != 1 or min(widths) < 1:
+            p.error(f"--mlp {args.mlp}: expected positive layer widths, comma-separated, ending in 1 (e.g. 512,256,1)")
+        args.mlp = widths
+
+
 def check_data_path(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--data-path`` against ``--data``, before any rank starts: a missing or empty path stops
     here, saying what was expected and how to make it."""
@@ -275,9 +334,17 @@ def check_data_path(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             p.error(f"--data-path {args.data_path} is read only with --data criteo-tsv or criteo-npy (--data is synthetic)")
         return
     if not args.data_path:
-        what = "a Criteo TSV file (e.g. train.txt) or a directory of them" if args.data == "criteo-tsv" else (
-            "a directory of <prefix>_{dense,sparse,labels}.npy files")
+        what = {"criteo-tsv": "a Criteo TSV file (e.g. train.txt) or a directory of them",
+                "criteo-npy": "a directory of <prefix>_{dense,sparse,labels}.npy files",
+                "paper-npy": "the prefix of the authors' <prefix>.npy (ids) and <prefix>_offsets.npy"}[args.data]  # fmt: skip
         p.error(f"--data {args.data} needs --data-path: {what}" + DATA_HELP)
+    if args.data == "paper-npy":
+        try:
+            paper_npy_files(args.data_path)
+        except FileNotFoundError as e:
+            p.error(f"--data paper-npy --data-path {args.data_path}: no {e}; expected <prefix>.npy (every sample's ids "
+                    "in one ID space, one after another) and <prefix>_offsets.npy (each sample's first id, and the end)")  # fmt: skip
+        return
     try:
         if args.data == "criteo-tsv":
             tsv_paths(args.data_path)
@@ -295,19 +362,28 @@ def check_data_path(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
+    """The run's configuration: the model's defaults (``get_config``) with the options given."""
+    model = ModelConfig(kind=args.model, **({"mlp_layers": args.mlp} if args.mlp else {}))
+    given = {k: getattr(args, k) for k in ("embedding_optimizer", "embedding_lr", "dense_lr", "dense_optimizer")}
     return get_config(
         args.config,
-        model=ModelConfig(kind=args.model),
+        model=model,
         scale=args.scale,
         min_rows=args.min_rows,
         batch_size=args.batch_size,
         cache_ratio=args.cache_ratio,
         lookahead=args.lookahead,
-        embedding_lr=args.embedding_lr,
-        dense_lr=args.dense_lr,
-        dense_optimizer=args.dense_optimizer,
         seed=args.seed,
+        **{k: v for k, v in given.items() if v is not None},
     )
+
+
+def model_text(cfg: RunConfig) -> str:
+    """``dlrm``, or ``paper (MLP 32-512-256-1, MSE, sgd on the table)``: the run's first line."""
+    if cfg.model.kind != "paper":
+        return cfg.model.kind
+    mlp = "-".join(str(w) for w in (cfg.model.embedding_dim, *cfg.model.mlp_layers))
+    return f"paper (MLP {mlp}, MSE, {cfg.embedding_optimizer} on the table)"
 
 
 def _auc(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -333,7 +409,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     pg = dist.GroupMember.WORLD
     if rank == 0:
         print(
-            f"[dlrm] {describe(cfg, rows)}; model {cfg.model.kind}; {world} ranks ({backend}, {device.type}, "
+            f"[dlrm] {describe(cfg, rows)}; model {model_text(cfg)}; {world} ranks ({backend}, {device.type}, "
             f"{threads} threads each); batch {cfg.batch_size}/rank; sharder {args.sharder}",
             flush=True,
         )
@@ -441,10 +517,9 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                               "engine_ms_per_step": (engine_s - engine_before) * 1e3 / ran})
             engine_before = engine_s
             k = min(len(losses), args.log_every)
-            msg = (
-                f"step {steps_done:>6} | {sps:>9,.0f} samples/s | loss {torch.stack(losses[-k:]).mean():.4f} "
-                f"| auc {_auc(torch.cat(logit_buf[-k:]), torch.cat(label_buf[-k:])):.4f}"
-            )
+            msg = f"step {steps_done:>6} | {sps:>9,.0f} samples/s | loss {torch.stack(losses[-k:]).mean():.4f}"
+            if cfg.model.kind != "paper":  # the paper's labels are random: nothing for an AUC to show
+                msg += f" | auc {_auc(torch.cat(logit_buf[-k:]), torch.cat(label_buf[-k:])):.4f}"
             if stats.engines:
                 msg += (
                     f" | gate stall {100 * stats.gate_wait_s / max(now - t_start, 1e-9):.1f}%"
@@ -488,6 +563,11 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
         "sharding": args.sharding if args.sharder == "torchrec" or args.sharding == FRUGAL_ROW_WISE else "frugal",
         "config": cfg.dataset.name,
         "model": cfg.model.kind,
+        "tables": {t: {"rows": n, "dim": cfg.model.embedding_dim, "ids_per_sample": cfg.dataset.ids_per_sample}
+                   for t, n in zip(cfg.dataset.table_names(), rows)},
+        "mlp": [cfg.model.embedding_dim, *cfg.model.mlp_layers] if cfg.model.kind == "paper" else None,
+        "loss_fn": "mse" if cfg.model.kind == "paper" else "bce_with_logits",
+        "embedding_optimizer": cfg.embedding_optimizer,
         "scale": cfg.effective_scale,
         "rows": int(sum(rows)),
         "world_size": world,

@@ -90,6 +90,26 @@ def test_summarize_ratios(tmp_path):
     assert any("0.80x" in g for g in bench.goal_lines(vs, med))
 
 
+def test_step_loss_difference_against_stock_of_the_same_repetition():
+    args = bench.parse_args(["--variants", "frugal", "table_wise", "row_wise", "--repeats", "2", "--model", "paper"])
+    vs, _ = bench.build_plan(args, TRAIN)
+    assert all(v["train_args"][v["train_args"].index("--model") + 1] == "paper" for v in vs)
+    losses = {"frugal": [1.0, 0.5, 0.25], "table_wise": [1.0, 0.5, 0.25], "row_wise": [1.0, 0.5000001, 0.25]}
+    runs = []
+    for rep, vi in bench.schedule(len(vs), 2):
+        v = vs[vi]
+        s = _fake_summary(30e3, frugal=v["kind"] == "frugal")
+        s["step_losses"] = list(losses[v["id"]])
+        if rep == 1 and v["id"] == "frugal":
+            s["step_losses"][2] = 0.26  # one step of one repetition departs
+        runs.append({"variant": v["id"], "repeat": rep, "summary": s})
+    med = bench.summarize(vs, runs, 2)
+    assert med["frugal"]["step_loss_rel_vs_stock"] == pytest.approx(0.04)
+    assert med["table_wise"]["step_loss_rel_vs_stock"] == pytest.approx(2e-7)  # against row_wise only
+    assert bench.step_loss_difference({"step_losses": [1.0]}, {"step_losses": []}) != bench.step_loss_difference({}, {})
+    assert "| 4.0e-02 |" in bench.markdown_tables(vs, med, 2)
+
+
 def test_plot_from_json(tmp_path):
     pytest.importorskip("matplotlib")
     args, vs, runs, med, skipped = _fake_result(tmp_path)

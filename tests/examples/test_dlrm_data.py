@@ -254,3 +254,108 @@ def test_criteo_readers_refuse_non_criteo_configs():
     cfg = get_config("avazu", scale=0.01)
     with pytest.raises(ValueError, match="criteo"):
         next(criteo_tsv_batches(["/nonexistent"], cfg.dataset, cfg.rows(), 8, 0, 1))
+
+
+# ------------------------------------------------------------------ the paper's benchmark
+def paper_data(batch_size: int = 64, name: str = "criteo-kaggle", scale: float = 0.001):
+    from examples.dlrm.data import SyntheticPaperData
+    from torchrec_frugal.datasets import ModelConfig
+
+    cfg = get_config(name, model=ModelConfig(kind="paper"), scale=scale)
+    return cfg, SyntheticPaperData(cfg.dataset, cfg.rows(), batch_size, seed=0)
+
+
+def test_the_paper_configs_are_the_authors_one_table():
+    from torchrec_frugal.datasets import PAPER_DATASETS, ModelConfig
+
+    want = {"avazu": (9_449_206, 21), "criteo-kaggle": (33_762_578, 26), "criteo-tb": (73_391_341, 26)}
+    for name, (rows, ids) in want.items():
+        cfg = get_config(name, model=ModelConfig(kind="paper"), scale=1.0)
+        assert cfg.dataset is PAPER_DATASETS[name] and cfg.rows() == [rows] and cfg.dataset.ids_per_sample == ids
+        assert cfg.dataset.num_dense == 0 and cfg.dataset.table_names() == ["t_ids"]
+        # the authors' optimizers: SGD at 0.01 on table and MLP
+        assert (cfg.embedding_optimizer, cfg.embedding_lr, cfg.dense_optimizer, cfg.dense_lr) == ("sgd", 0.01, "sgd", 0.01)
+        assert cfg.model.mlp_layers == (512, 256, 1)
+    assert get_config("criteo-kaggle", model=ModelConfig(kind="paper"), scale=0.05).rows() == [1_688_129]
+    assert get_config("criteo-kaggle").embedding_optimizer == "rowwise_adagrad"  # the DLRM keeps its own
+    with pytest.raises(ValueError, match="model must be one of"):
+        ModelConfig(kind="mlp")
+
+
+def test_paper_batches_pool_the_ids_of_one_table_sample_by_sample():
+    cfg, data = paper_data(batch_size=64)
+    b = data.batch(rank=1, step=3)
+    kjt = b.sparse_features
+    assert kjt.keys() == ["ids"] and kjt.stride() == 64
+    assert torch.equal(kjt.lengths(), torch.full((64,), 26, dtype=torch.int32))
+    assert kjt.values().numel() == 64 * 26 and int(kjt.values().max()) < cfg.rows()[0]
+    assert b.dense_features.shape == (64, 0)
+    assert set(b.labels.unique().tolist()) <= {0.0, 1.0} and 10 < int(b.labels.sum()) < 54  # random labels
+    again = data.batch(rank=1, step=3)
+    assert torch.equal(again.sparse_features.values(), kjt.values()) and torch.equal(again.labels, b.labels)
+    assert not torch.equal(data.batch(rank=0, step=3).sparse_features.values(), kjt.values())
+    # the loader workers make the same batches
+    made = list(data.batches(rank=1, start=2, num=3, workers=1))
+    assert torch.equal(made[1].sparse_features.values(), kjt.values()) and torch.equal(made[1].labels, b.labels)
+    assert made[1].dense_features.shape == (64, 0)
+    counts = data.presample_counts([0, 1], 4)
+    assert list(counts) == ["t_ids"] and int(counts["t_ids"].sum()) == 2 * 4 * 64 * 26
+
+
+def test_paper_ids_are_zipf_over_one_permuted_space():
+    _, data = paper_data(batch_size=1024, scale=0.01)  # 337,626 rows
+    counts = data.presample_counts([0], 20)["t_ids"].numpy()
+    top = np.sort(counts)[::-1]
+    assert top[: len(top) // 100].sum() > 0.7 * counts.sum()  # Zipf(1.2): the top 1% take most draws
+    assert np.argmax(counts) != 0 and np.argsort(counts)[-2] != 1  # hotness is not row order
+
+
+def write_paper_files(tmp_path, lengths, ids):
+    prefix = tmp_path / "criteo_binary"
+    np.save(f"{prefix}.npy", np.asarray(ids, dtype=np.int64))
+    np.save(f"{prefix}_offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    return str(prefix)
+
+
+def test_paper_npy_reader_deals_batches_as_the_authors_loader(tmp_path):
+    from examples.dlrm.data import paper_npy_batches
+    from torchrec_frugal.datasets import ModelConfig
+
+    cfg = get_config("criteo-kaggle", model=ModelConfig(kind="paper"), scale=1.0)
+    rng = np.random.default_rng(0)
+    samples, batch, world = 37, 4, 2  # 4 complete rounds of 2 ranks x 4 samples; 5 samples left out
+    lengths = np.full(samples, 26)
+    ids = rng.integers(0, cfg.rows()[0], size=samples * 26)
+    prefix = write_paper_files(tmp_path, lengths, ids)
+    per_sample = ids.reshape(samples, 26)
+    for rank in range(world):
+        it = paper_npy_batches(prefix, cfg.dataset, rows=1000, batch_size=batch, rank=rank, world_size=world)
+        for step in range(6):  # past the end: the file is cycled over its 32 usable samples
+            b = next(it)
+            first = ((step * world + rank) * batch) % 32
+            want = per_sample[first : first + batch].reshape(-1) % 1000
+            assert torch.equal(b.sparse_features.values(), torch.from_numpy(want)), (rank, step)
+            assert b.sparse_features.lengths().tolist() == [26] * batch and b.dense_features.shape == (batch, 0)
+    # samples of varied lengths keep their own ids
+    prefix = write_paper_files(tmp_path, [1, 3, 2, 2], [5, 6, 7, 8, 9, 10, 11, 12])
+    b = next(paper_npy_batches(prefix, cfg.dataset, rows=100, batch_size=2, rank=1, world_size=2))
+    assert b.sparse_features.lengths().tolist() == [2, 2] and b.sparse_features.values().tolist() == [9, 10, 11, 12]
+
+
+def test_paper_npy_reader_names_a_bad_id_and_bad_files(tmp_path):
+    from examples.dlrm.data import paper_npy_batches, paper_npy_files
+    from torchrec_frugal.datasets import ModelConfig
+
+    cfg = get_config("avazu", model=ModelConfig(kind="paper"), scale=1.0)
+    prefix = write_paper_files(tmp_path, [2, 2], [0, 1, 9_449_206, 3])  # one past avazu's capacity
+    with pytest.raises(ValueError, match=r"id 9449206 is outside table t_ids's \[0, 9449206\).*avazu"):
+        next(paper_npy_batches(prefix, cfg.dataset, rows=1000, batch_size=1, rank=0, world_size=1))
+    prefix = write_paper_files(tmp_path, [2, 2], [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="fewer than one round of 2 ranks x 2"):
+        next(paper_npy_batches(prefix, cfg.dataset, rows=1000, batch_size=2, rank=0, world_size=2))
+    np.save(f"{prefix}_offsets.npy", np.array([0, 3, 2, 4]))
+    with pytest.raises(ValueError, match="nondecreasing sample offsets"):
+        next(paper_npy_batches(prefix, cfg.dataset, rows=1000, batch_size=1, rank=0, world_size=1))
+    with pytest.raises(FileNotFoundError, match="missing_offsets.npy"):
+        np.save(tmp_path / "missing.npy", np.zeros(3, dtype=np.int64))
+        paper_npy_files(str(tmp_path / "missing"))

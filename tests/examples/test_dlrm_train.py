@@ -88,19 +88,64 @@ def test_frugal_and_torchrec_train_alike(side_by_side):
     assert abs(t["loss"] - f["loss"]) < 1e-3, (t["loss"], f["loss"])
 
 
-def test_train_torchrec_row_wise_mlp_on_criteo_npy(tmp_path):
+def test_train_torchrec_row_wise_dlrm_on_criteo_npy(tmp_path):
     from torchrec.datasets.test_utils.criteo_test_utils import CriteoTest
 
     rng = np.random.default_rng(0)
     sparse = rng.integers(0, 2**31 - 1, size=(64 * 2 * 10, 26), dtype=np.int32)
     with CriteoTest._create_dataset_npys(num_rows=sparse.shape[0], filename="day_0", sparse=sparse) as paths:
         s = torchrun(
-            TINY + ["--sharder", "torchrec", "--sharding", "row_wise", "--model", "mlp",
+            TINY + ["--sharder", "torchrec", "--sharding", "row_wise", "--model", "dlrm",
                     "--data", "criteo-npy", "--data-path", os.path.dirname(paths[0])],
             tmp_path,
         )  # fmt: skip
     check_summary(s, "torchrec")  # 40 steps over 10 batches per rank: the files are cycled
-    assert s["sharding"] == "row_wise" and s["model"] == "mlp" and s["data"] == "criteo-npy"
+    assert s["sharding"] == "row_wise" and s["model"] == "dlrm" and s["data"] == "criteo-npy"
+
+
+# The paper's benchmark: one table of 33,762,578 x 0.001 rows, 26 ids a sample, SGD, MSE on random labels.
+PAPER = ["--model", "paper", "--config", "criteo-kaggle", "--scale", "0.001", "--batch-size", "64", "--steps", "30",
+         "--warmup", "5", "--log-every", "10", "--threads", "1", "--cache-ratio", "0.05", "--lookahead", "4"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def paper_runs(tmp_path_factory) -> Runs:
+    runs = {
+        "row_wise": ["--sharder", "torchrec", "--sharding", "row_wise"],
+        "table_wise": ["--sharder", "torchrec", "--sharding", "table_wise"],
+        "frugal": ["--sharder", "frugal"],
+        "frugal_lr0": ["--sharder", "frugal", "--embedding-lr", "0"],  # the control: a table that does not train
+    }
+    return Runs({k: (lambda a=a, k=k: torchrun(PAPER + a, tmp_path_factory.mktemp(k))) for k, a in runs.items()})
+
+
+def test_the_paper_model_trains_frugal_as_stock_step_by_step(paper_runs):
+    frugal = paper_runs["frugal"]
+    check_summary(frugal, "frugal", steps=30)
+    assert frugal["model"] == "paper" and frugal["mlp"] == [32, 512, 256, 1] and frugal["loss_fn"] == "mse"
+    assert frugal["tables"] == {"t_ids": {"rows": 33_763, "dim": 32, "ids_per_sample": 26}}
+    assert frugal["embedding_optimizer"] == "sgd" and frugal["run_config"]["dense_optimizer"] == "sgd"
+    assert "model paper (MLP 32-512-256-1, MSE, sgd on the table)" in frugal["stdout"]
+    assert frugal["frugal"]["rows_flushed"] > 0
+    for stock in ("row_wise", "table_wise"):
+        s = paper_runs[stock]
+        assert s["sharding"] == stock and s["tables"] == frugal["tables"]
+        rel = [abs(a - b) / abs(b) for a, b in zip(frugal["step_losses"], s["step_losses"])]
+        assert len(rel) == 30 and max(rel) < 1e-4, (stock, rel)
+    # the losses see the table: without its updates they leave stock's within a few steps
+    rel = [abs(a - b) / abs(b) for a, b in zip(paper_runs["frugal_lr0"]["step_losses"], frugal["step_losses"])]
+    assert rel[0] < 1e-6 and max(rel) > 1e-2, rel
+
+
+def test_the_paper_model_reads_the_authors_files(tmp_path):
+    rng = np.random.default_rng(0)
+    samples = 64 * 2 * 5
+    prefix = tmp_path / "avazu_binary"
+    np.save(f"{prefix}.npy", rng.integers(0, 9_449_206, size=samples * 21))
+    np.save(f"{prefix}_offsets.npy", np.arange(0, samples * 21 + 1, 21))
+    s = torchrun(PAPER + ["--config", "avazu", "--sharder", "frugal", "--data", "paper-npy", "--data-path", str(prefix)], tmp_path)
+    check_summary(s, "frugal", steps=30)
+    assert s["data"] == "paper-npy" and s["tables"]["t_ids"]["ids_per_sample"] == 21 and s["tables"]["t_ids"]["rows"] == 9_450
 
 
 def test_parse_args_defaults_and_errors():
@@ -112,6 +157,22 @@ def test_parse_args_defaults_and_errors():
     for bad in (["--data", "criteo-tsv"], ["--steps", "0"], ["--steps", "5", "--warmup", "5"], ["--sharder", "x"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+    assert parse_args(["--model", "paper", "--mlp", "256,1"]).mlp == (256, 1)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "paper", "--data", "criteo-npy", "--data-path", "x"], "--data criteo-npy holds Criteo's fields"),
+    (["--data", "paper-npy", "--data-path", "x"], "train it with --model paper"),
+    (["--mlp", "512,256,1"], "--mlp 512,256,1 shapes the paper's model"),
+    (["--model", "paper", "--mlp", "512,256,2"], "ending in 1"),
+    (["--model", "paper", "--mlp", "a,1"], "ending in 1"),
+    (["--model", "paper", "--data", "paper-npy"], "needs --data-path"),
+    (["--model", "paper", "--data", "paper-npy", "--data-path", "no/such/prefix"], "no/such/prefix.npy"),
+])  # fmt: skip
+def test_parse_args_refuses_options_of_the_other_model(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
 
 
 def test_the_cost_model_plans_the_run_and_the_pipeline_follows_its_lookahead(tmp_path):

@@ -20,7 +20,7 @@ from torchrec_frugal.estimate.cost_model import (
     split_choice,
     uvm_cache,
 )
-from torchrec_frugal.estimate.profiles import load_profile, profile_from_dict
+from torchrec_frugal.estimate.profiles import ProfileError, load_profile, profile_from_dict
 
 DENSE = DenseModel(flops_per_sample=1e3, params=1000, ops=3)
 
@@ -70,13 +70,17 @@ def test_fused_uvm_caching_terms_by_hand():
     rb = 32 * 4
     assert c.terms["uvm_reads"] == pytest.approx(miss * rb / hw.host_read_bw(miss, rb, ordered=False))
     assert c.terms["uvm_writes"] == pytest.approx(miss * rb / hw.host_write_bw)
-    assert c.terms["embedding_lookup"] == pytest.approx(unique * rb / hw.device_gather_bw + batch * hw.kernel_id_s)
+    # FBGEMM's cache management: 3 operators, one more pass over the ids, a 32-way set probe (512 B)
+    # per distinct row, and the insert per miss
+    manage = 3 * hw.op_overhead_s + batch * hw.kernel_id_s + unique * 512 / hw.device_gather_bw + miss * hw.uvm_miss_cost_s
+    assert c.terms["embedding_lookup"] == pytest.approx(unique * rb / hw.device_gather_bw + batch * hw.kernel_id_s + manage)
     # the device holds the cache and the row-wise state; the host holds the table
     assert c.memory_bytes_per_device == pytest.approx(0.1 * rows * rb + rows * 4 + DENSE.params * 4 * 3)
     assert c.host_memory_bytes_per_node == pytest.approx(rows * rb)
     # with the prefetch pipeline the same fill runs beside the step: only its excess waits
     pf = CostModel(hw).predict(w, replace(plan, sharding="table_wise:fused_uvm_caching+prefetch"))
-    fill = c.terms["uvm_reads"] + c.terms["uvm_writes"]
+    fill = c.terms["uvm_reads"] + c.terms["uvm_writes"] + manage
+    assert pf.terms["embedding_lookup"] == pytest.approx(c.terms["embedding_lookup"] - manage)
     assert pf.terms["uvm_reads"] == pf.terms["uvm_writes"] == 0.0
     assert pf.details["uvm_prefetch_ms"] == pytest.approx(1e3 * fill)
     rest = pf.step_s - pf.terms["prefetch_stall"] - pf.terms["contention"]
@@ -132,3 +136,50 @@ def test_old_profiles_with_the_engine_fields_still_load():
     d = load_profile("rtx3090").to_json()
     d.update(engine_step_s=2e-4, engine_row_s=2e-7)
     assert profile_from_dict(d).name == "rtx3090"
+
+
+def test_the_real_datas_tail_adds_compulsory_misses():
+    """A table whose every row is read once an epoch: the rows Zipf leaves undrawn over the epoch's
+    draws are read too, each a compulsory miss of the UVM cache (and a distinct row for everyone)."""
+    hw = load_profile("rtx3090")
+    rows, batch, epoch = 1_000_000, 1000, 5e6
+    d = RowDistribution.zipf(rows, 1.2)
+    synthetic = CostTable("t", rows, 32, d)
+    real = replace(synthetic, epoch_draws=epoch)
+    rate = (rows - d.expected_unique(epoch)) / epoch
+    assert synthetic.tail_rate() == 0.0 and real.tail_rate() == pytest.approx(rate)
+    assert 0.1 < rate < 0.2  # Zipf(1.2) draws 5M times and leaves most of a 1M-row table unread
+    plan = Plan("table_wise:fused_uvm_caching", uvm_load_factor=0.1)
+    costs = [CostModel(hw).predict(Workload(tables=(t,), dense=DENSE, batch_size=batch, world_size=1), plan)
+             for t in (synthetic, real)]  # fmt: skip
+    [(miss, _)] = uvm_cache([d], [batch], 0.1 * rows)
+    tail = batch * rate
+    assert costs[1].terms["uvm_writes"] == pytest.approx((miss + tail) * 128 / hw.host_write_bw)
+    assert costs[0].terms["uvm_writes"] == pytest.approx(miss * 128 / hw.host_write_bw)
+    # the tail rows are distinct rows of the step for every sharding, never hits of Frugal's cache
+    fr = [CostModel(hw).predict(Workload(tables=(t,), dense=DENSE, batch_size=batch, world_size=2), Plan(FRUGAL))
+          for t in (synthetic, real)]  # fmt: skip
+    assert fr[1].details["unique_rows_per_rank"] == pytest.approx(fr[0].details["unique_rows_per_rank"] + tail)
+    assert fr[1].details["host_rows_per_rank"] == pytest.approx(fr[0].details["host_rows_per_rank"] + tail)
+    assert fr[1].details["cache_hit_ratio"] == pytest.approx(fr[0].details["cache_hit_ratio"] * (1 - rate))
+    # a table the distribution already covers has no tail
+    small = CostTable.zipf("s", 1000, 32, 1.2, epoch_draws=1e7)
+    assert small.tail_rate() == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="epoch_draws"):
+        CostTable.zipf("s", 1000, 32, 1.2, epoch_draws=0)
+
+
+def test_cache_management_costs_the_profiles_time_per_miss():
+    hw = load_profile("rtx3090")
+    w = one_table(100_000, batch=1000, dist=RowDistribution.zipf(100_000, 1.2))
+    plan = Plan("table_wise:fused_uvm_caching", uvm_load_factor=0.05)
+    base = CostModel(hw).predict(w, plan)
+    slow = CostModel(replace(hw, uvm_miss_s=1e-6)).predict(w, plan)
+    [(miss, _)] = uvm_cache([w.tables[0].distribution], [1000], 0.05 * 100_000)
+    extra = slow.terms["embedding_lookup"] - base.terms["embedding_lookup"]
+    assert hw.uvm_miss_s is None and extra == pytest.approx(miss * (1e-6 - hw.uvm_miss_cost_s))
+    # the field is optional in a profile file, and checked when present
+    d = hw.to_json()
+    assert profile_from_dict({**d, "uvm_miss_s": 2e-8}).uvm_miss_cost_s == 2e-8
+    with pytest.raises(ProfileError, match="uvm_miss_s"):
+        profile_from_dict({**d, "uvm_miss_s": -1.0})

@@ -1,14 +1,16 @@
 """What will Frugal do on my GPUs? Predicted samples/s of every sharding for a DLRM configuration.
 
     python -m torchrec_frugal.estimate --config criteo-kaggle --scale 1 --gpus 8 --batch-size 1024 --hardware rtx3090
+    python -m torchrec_frugal.estimate --model paper --config criteo-tb --scale 1 --gpus 8 --batch-size 1024 --hardware rtx3090
     python -m torchrec_frugal.estimate --config criteo-tb --gpus 8 --nodes 4 --hardware h200
     python -m torchrec_frugal.estimate ... --json out.json --plot out.png
     python -m torchrec_frugal.estimate --calibrate my_machine.json [--base rtx3090] [--device cuda]
 
 Prints, for Frugal (frugal_row_wise across nodes) and TorchRec's table_wise, row_wise, table_row_wise
 and data_parallel shardings,
-the predicted samples/s, the step's terms (docs/cost_model.md) and the recommended Frugal settings
-(cache ratio and lookahead of least predicted step time). Every figure is a prediction of the cost
+the predicted samples/s, the step's terms (docs/cost_model.md), the recommended Frugal settings
+(cache ratio and lookahead of least predicted step time) and what bounds Frugal's step and the best
+stock choice's (:func:`.cost_model.bound`). Every figure is a prediction of the cost
 model on a hardware profile (shipped: cpu, h200, rtx3090, rtx4090, a30; or a JSON file of your own).
 """
 from __future__ import annotations
@@ -17,13 +19,21 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .cost_model import FRUGAL_KINDS, TERMS, CostModel, CostTable, DenseModel, Plan, StepCost, Workload, frugal_kind, frugal_offered, predict_all, recommend_frugal, shardings_for
-from ..datasets import CACHE_RATIO, DATASETS, LOOKAHEAD, DatasetConfig, ModelConfig, SkewConfig
+from .cost_model import FRUGAL_KINDS, TERMS, Bound, CostModel, CostTable, DenseModel, Plan, StepCost, Workload, frugal_kind, frugal_offered, bound, predict_all, recommend_frugal, shardings_for
+from ..datasets import CACHE_RATIO, DATASETS, LOOKAHEAD, MODEL_KINDS, DatasetConfig, ModelConfig, SkewConfig, dataset_for
 from .profiles import HardwareProfile, ProfileError, builtin_profiles, load_profile
 
 PRESAMPLE_STEPS = 50  # examples/dlrm/train.py --presample-steps: batches per rank counted for the hot rows
+EPOCH_SAMPLES: Dict[str, int] = {
+    "avazu": 40_428_967,  # Avazu CTR's training file (Kaggle), the rows whose columns datasets.py counts
+    "criteo-kaggle": 45_840_617,  # Criteo Display Advertising Challenge, train.txt
+    "criteo-tb": 4_373_472_329,  # Criteo 1TB Click Logs, the 24 days
+}
+"""Samples in one epoch of each real dataset: over an epoch the real ids read every row of the
+table at least once (the dataset's capacity is its distinct ids), which the Zipf model's tail does not
+(``CostTable.tail_rate``)."""
 GPU_COUNTS = (1, 2, 4, 8)
 
 
@@ -32,11 +42,11 @@ def dense_model(model: ModelConfig, dataset: DatasetConfig) -> DenseModel:
 
     ``dlrm``: TorchRec's DLRM: dense arch on the dense features, pairwise dots of the F + 1
     pooled vectors (2 (F + 1)^2 d FLOPs), over arch on the d + F (F + 1) / 2 interactions.
-    ``mlp``: the authors' benchmark MLP on the concatenated pooled embeddings and dense features.
+    ``paper``: the authors' benchmark: the sum-pooled vector through the MLP d-512-256-1.
     """
     F, d, dense_in = dataset.num_sparse, model.embedding_dim, dataset.dense_width
-    if model.kind == "mlp":
-        return DenseModel.mlps((dense_in + F * d,) + tuple(model.mlp_layers), extra_ops=2)
+    if model.kind == "paper":
+        return DenseModel.mlps((F * d,) + tuple(model.mlp_layers), extra_ops=2)  # ops: the pooling's sum, the loss
     over_in = d + F * (F + 1) // 2
     return DenseModel.mlps(
         (dense_in,) + tuple(model.dense_arch_layers),
@@ -57,23 +67,31 @@ def dlrm_workload(
     threads_per_rank: Optional[int] = None,
     min_rows: int = 1000,
     nodes: int = 1,
+    real_data: bool = False,
 ) -> Workload:
-    """The DLRM example's workload: one id per sample and table, Zipf(s) ids as its synthetic data
+    """The DLRM example's workload: the model's tables (``dlrm``: one per field, one id a sample;
+    ``paper``: the authors' one table, 21 or 26 ids a sample), Zipf(s) ids as its synthetic data
     draws them (s by table size), hot rows counted over ``presample_steps`` batches of every rank
-    (0: the true hottest rows); ``world_size`` ranks in all, over ``nodes`` machines."""
-    if config not in DATASETS:
-        raise ValueError(f"unknown config {config!r}; choose one of {sorted(DATASETS)}")
-    ds = DATASETS[config]
+    (0: the true hottest rows); ``world_size`` ranks in all, over ``nodes`` machines. ``real_data``:
+    the dataset's real ids, whose tail reads every row once an epoch (:data:`EPOCH_SAMPLES`), not the
+    synthetic ids alone. The paper's model trains with SGD (no optimizer state), the DLRM with
+    row-wise Adagrad on the tables and Adagrad on the dense part (the example's defaults)."""
+    ds = dataset_for(config, model)
     m = ModelConfig(kind=model)
     rows = ds.rows(scale, min_rows)
-    tables = tuple(CostTable.zipf(n, r, m.embedding_dim, skew.s_for(r)) for n, r in zip(ds.table_names(), rows))
+    epoch = float(EPOCH_SAMPLES[config] * ds.ids_per_sample) if real_data else None
+    tables = tuple(CostTable.zipf(n, r, m.embedding_dim, skew.s_for(r), ds.ids_per_sample, epoch)
+                   for n, r in zip(ds.table_names(), rows))  # fmt: skip
+    sgd = model == "paper"
     return Workload(
         tables=tables,
         dense=dense_model(m, ds),
         batch_size=batch_size,
         world_size=world_size,
         threads_per_rank=threads_per_rank,
-        presample_draws=float(presample_steps * batch_size * world_size) if presample_steps else None,
+        state_floats_per_row=0.0 if sgd else 1.0,
+        dense_state_floats=0.0 if sgd else 1.0,
+        presample_draws=float(presample_steps * batch_size * world_size * ds.ids_per_sample) if presample_steps else None,
         nodes=nodes,
     )
 
@@ -94,6 +112,15 @@ def breakdown_table(costs: Dict[str, StepCost]) -> str:
         f"{costs[n].host_memory_bytes_per_node / 2**30:.2f} GiB" for n in names) + " |")  # fmt: skip
     lines.append("| fits (device and host memory) | " + " | ".join('yes' if costs[n].fits else 'no' for n in names) + " |")
     return "\n".join(lines)
+
+
+def bound_lines(costs: Dict[str, StepCost], kind: str) -> Dict[str, Tuple[str, Bound]]:
+    """What bounds Frugal's step and the best stock choice's (the fastest that fits; the fastest if
+    none fits): {"frugal" / "best stock": (sharding, bound)}."""
+    stock = {n: c for n, c in costs.items() if n not in FRUGAL_KINDS}
+    fitting = {n: c for n, c in stock.items() if c.fits} or stock
+    best = max(fitting, key=lambda n: fitting[n].samples_per_second)
+    return {"frugal": (kind, bound(costs[kind])), "best stock": (best, bound(costs[best]))}
 
 
 def best_sharding(costs: Dict[str, StepCost]) -> str:
@@ -168,7 +195,7 @@ def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCos
 def workload(args: argparse.Namespace, gpus: int) -> Workload:
     """The workload of the command line with ``gpus`` GPUs per node."""
     return dlrm_workload(args.config, gpus * args.nodes, args.batch_size, args.scale, args.model,
-                         presample_steps=args.presample_steps, nodes=args.nodes)  # fmt: skip
+                         presample_steps=args.presample_steps, nodes=args.nodes, real_data=not args.synthetic)  # fmt: skip
 
 
 def scaling(hw: HardwareProfile, args: argparse.Namespace, counts: Sequence[int]) -> Dict[str, List[float]]:
@@ -218,11 +245,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     "and the profile's network_bw prices what crosses the network")
     ap.add_argument("--batch-size", type=int, default=1024, help="per rank")
     ap.add_argument("--hardware", default="rtx3090", help=f"a profile name ({', '.join(builtin_profiles())}) or a JSON file")
-    ap.add_argument("--model", choices=("dlrm", "mlp"), default="dlrm")
+    ap.add_argument("--model", choices=MODEL_KINDS, default="dlrm",
+                    help="dlrm: TorchRec's DLRM over one table per field; paper: the authors' benchmark, one table, MLP 32-512-256-1")
     ap.add_argument("--cache-ratio", type=float, default=None, help="frugal: fix the cache ratio (default: recommend one)")
     ap.add_argument("--lookahead", type=int, default=None, help="frugal: fix L (default: recommend one)")
     ap.add_argument("--presample-steps", type=int, default=PRESAMPLE_STEPS,
                     help="batches per rank counted to pick the hot rows (0: the true hottest rows)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="price the example's synthetic Zipf ids alone (default: the real data, whose tail reads every row once an epoch)")
     ap.add_argument("--json", type=Path, help="write the prediction here")
     ap.add_argument("--plot", type=Path, help="draw predicted samples/s against GPU count here (PNG)")
     ap.add_argument("--calibrate", type=Path, metavar="PATH", help="measure this machine and write its profile to PATH")
@@ -282,12 +312,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if "uvm_load_factor" in c.details:
             print(f"{n}: cache_load_factor {c.details['uvm_load_factor']:g} (recommended)")
     print(f"fastest predicted sharding that fits: {best} ({costs[best].samples_per_second:,.0f} samples/s)")
+    bounds = bound_lines(costs, frugal_kind(args.nodes))
+    print("\nwhat bounds the step (docs/cost_model.md, \"What bounds a step\"):")
+    for side, (name, b) in bounds.items():
+        print(f"- {side} ({name}): {b.text()}")
     if args.json:
         doc = {
             "prediction": True,
             "config": args.config, "scale": args.scale, "model": args.model, "gpus": args.gpus, "nodes": args.nodes,
             "batch_size": args.batch_size, "hardware": hw.name, "rows": rows,
             "recommended": {"sharding": best, "cache_ratio": plan.cache_ratio, "lookahead": plan.lookahead},
+            "real_data": not args.synthetic,
+            "bounds": {side: {"sharding": name, **b.to_json()} for side, (name, b) in bounds.items()},
             "shardings": {n: {**c.to_json(), "terms": {k: v for k, v in c.terms.items()}} for n, c in costs.items()},
         }  # fmt: skip
         args.json.parent.mkdir(parents=True, exist_ok=True)

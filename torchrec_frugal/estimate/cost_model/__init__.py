@@ -9,10 +9,11 @@ prediction; the formulas and the sources of the profiles' constants are in ``doc
 
 By job: :mod:`.workload` (what is priced), :mod:`.traffic` (rows per step), :mod:`.primitives`
 (elementary operations), :mod:`.stock` and :mod:`.uvm` (TorchRec's shardings and offloading),
-:mod:`.frugal` (Frugal's engine), :mod:`.model` (:class:`CostModel`, the whole step) and
-:mod:`.search` (plans of least predicted step). No TorchRec import here: the planner integration
-(``torchrec_frugal.torchrec``) calls into this.
+:mod:`.frugal` (Frugal's engine), :mod:`.model` (:class:`CostModel`, the whole step),
+:mod:`.bound` (what bounds a predicted step) and :mod:`.search` (plans of least predicted step).
+No TorchRec import here: the planner integration (``torchrec_frugal.torchrec``) calls into this.
 """
+from .bound import BESIDE, BOUNDS, PATH_PARTS, Bound, bound
 from .frugal import TABLE_TERMS, FrugalCost, frugal_table_terms
 from .model import DEVICE_TERMS, HOST_TERMS, CostModel
 from .primitives import Primitives, assign_tables, llc_shares
@@ -23,7 +24,7 @@ from .uvm import UvmCost, uvm_cache
 from .workload import F32, FRUGAL, FRUGAL_KINDS, FRUGAL_ROW_WISE, FUSED_UVM, FUSED_UVM_CACHING, INDEX_BYTES, LENGTH_BYTES, MEMORY_HEADROOM, PREFETCH, SHARDINGS, STOCK_CHOICES, STOCK_SHARDINGS, TERMS, UVM_ALGORITHMS, UVM_CHOICES, UVM_KERNELS, UVM_LOAD_FACTOR, UVM_SHARDINGS, CostTable, DenseModel, Plan, RowDistribution, StepCost, Workload, split_choice
 
 __all__ = [
-    "CACHE_RATIO_CHOICES", "DEVICE_TERMS", "F32", "FRUGAL", "FRUGAL_KINDS", "FRUGAL_ROW_WISE", "FUSED_UVM",
+    "BESIDE", "BOUNDS", "Bound", "PATH_PARTS", "bound", "CACHE_RATIO_CHOICES", "DEVICE_TERMS", "F32", "FRUGAL", "FRUGAL_KINDS", "FRUGAL_ROW_WISE", "FUSED_UVM",
     "FUSED_UVM_CACHING", "HOST_TERMS", "INDEX_BYTES", "LENGTH_BYTES", "LOOKAHEAD_CHOICES", "MEMORY_HEADROOM",
     "PLANNER_SHARDINGS", "PREFETCH", "SHARDINGS", "STOCK_CHOICES", "STOCK_SHARDINGS", "TERMS", "UVM_ALGORITHMS",
     "UVM_CHOICES", "UVM_KERNELS", "UVM_LOAD_FACTOR", "UVM_LOAD_FACTOR_CHOICES", "UVM_SHARDINGS", "CostModel",

@@ -43,7 +43,10 @@ def table_traffic(t: CostTable, w: Workload, plan: Plan, device_is_host: bool) -
     """The row counts one table costs per step under ``plan`` (docs/cost_model.md, "Traffic")."""
     d, W = t.distribution, w.world_size
     ids = w.batch_size * t.pooling
-    base = TableTraffic(ids=ids, unique_rank=d.expected_unique(ids), unique_all=d.expected_unique(W * ids))
+    # The real data's tail (CostTable.tail_rate): rows read once an epoch, distinct, never cached,
+    # updated by their owner and written back once (by the flushers on an accelerator).
+    tail = ids * t.tail_rate()
+    base = TableTraffic(ids=ids, unique_rank=d.expected_unique(ids) + tail, unique_all=d.expected_unique(W * ids) + W * tail)
     if plan.sharding_of(t.name) not in FRUGAL_KINDS:
         return base
     # Hot rows: W * floor(c N) hottest (by pre-sample), dealt round-robin: each rank holds 1/W of them.
@@ -55,12 +58,13 @@ def table_traffic(t: CostTable, w: Workload, plan: Plan, device_is_host: bool) -
     inline = u if plan.lookahead == 0 else u * q
     # On a CPU device an owner updates uncached rows in place in host memory: only cached rows flush.
     rows_flushing = hot if device_is_host else d.count
+    tail_flushed = 0.0 if device_is_host else tail
     return replace(
         base,
-        hit_ratio=float((hot * d.prob).sum()) / W,
+        hit_ratio=float((hot * d.prob).sum()) / W * (1.0 - t.tail_rate()),  # tail ids never hit
         host_rows=max(0.0, base.unique_rank - own_hot_unique),
-        owned_fresh_rows=float(((d.count - hot) * u).sum()) / W,
-        flushed_rows=float((rows_flushing * rate).sum()) / W,
-        inline_rows=float((rows_flushing * inline).sum()) / W,
+        owned_fresh_rows=float(((d.count - hot) * u).sum()) / W + tail,
+        flushed_rows=float((rows_flushing * rate).sum()) / W + tail_flushed,
+        inline_rows=float((rows_flushing * inline).sum()) / W + (tail_flushed if plan.lookahead == 0 else 0.0),
     )
 

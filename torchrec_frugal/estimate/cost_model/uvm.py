@@ -11,6 +11,26 @@ from .primitives import Primitives, assign_tables
 from .traffic import TableTraffic
 from .workload import F32, FUSED_UVM_CACHING, INDEX_BYTES, LENGTH_BYTES, UVM_ALGORITHMS, Plan, RowDistribution, Workload
 
+UVM_PREFETCH_OPS = 3
+"""Operators FBGEMM's ``_prefetch`` dispatches per step (``split_table_batched_embeddings_ops_training``):
+``linearize_cache_indices``, ``lru_cache_populate`` and ``lxu_cache_lookup``, each at the profile's
+``op_overhead_s``. The kernels ``lru_cache_populate`` launches from C++ (the ids made unique by a radix
+sort, ``lru_cache_find_uncached``, the misses sorted by cache set, ``lru_cache_insert``) are priced by
+the work they do: a pass over the ids, a set probe per distinct row, the insert per miss."""
+SET_PROBE_BYTES = 2 * 32 * 8
+"""Bytes a distinct row's lookup reads in its 32-way cache set: the ways' row ids (``lxu_cache_state``)
+and their LRU timestamps (``lru_state``), int64 each."""
+
+
+def cache_management(p: Primitives, ids: float, unique: float, misses: float) -> float:
+    """Device seconds FBGEMM spends managing a fused_uvm_caching cache for one step's lookups, besides
+    moving rows over the host link: the prefetch's fixed operators, one pass over the ids (linearize,
+    sort, unique: the TBE kernel's per-id rate), one 32-way set probe per distinct row, and the
+    insert per miss (``HardwareProfile.uvm_miss_cost_s``)."""
+    hw = p.hw
+    return (UVM_PREFETCH_OPS * hw.op_overhead_s + ids * hw.kernel_id_s + p.device_gather(unique, SET_PROBE_BYTES)
+            + misses * hw.uvm_miss_cost_s)  # fmt: skip
+
 
 def uvm_cache(
     dists: Sequence[RowDistribution], draws: Sequence[float], capacity: float, algorithm: str = "lru"
@@ -86,10 +106,12 @@ class UvmCost:
         fused_uvm_caching: a device cache per rank of ``uvm_load_factor`` x the rank's rows (weights
         only, shared by the rank's tables; :func:`uvm_cache` gives the rows each step misses). The
         step's distinct rows are pooled and updated in the cache as FUSED does in device memory; the
-        misses are read over the host link as random rows (``host_read_random_bw``), and as many
-        rows are evicted, dirty (every cached row was updated), and written back (``host_write_bw``):
-        on the critical path in the forward, or, with the prefetch pipeline, beside the previous
-        step (only what exceeds the step waits: ``prefetch_stall``). fused_uvm: every distinct
+        misses (the distribution's, plus the real data's tail: ``CostTable.tail_rate``) are read over
+        the host link as random rows (``host_read_random_bw``), and as many rows are evicted, dirty
+        (every cached row was updated), and written back (``host_write_bw``); FBGEMM's management of
+        the cache costs device time (:func:`cache_management`). All of it on the critical path in the
+        forward, or, with the prefetch pipeline, beside the previous step (only what exceeds the step
+        waits: ``prefetch_stall``). fused_uvm: every distinct
         row read over the link in the forward, read and written back by the optimizer. Row-wise
         optimizer state stays in device memory (FBGEMM places it there); wider state lives in UVM
         and crosses the link with every update. Then the all-to-alls of the sharding, as FUSED.
@@ -109,20 +131,24 @@ class UvmCost:
                                tr[i].ids, w.tables[i].rows / W)  # fmt: skip
 
         def rank_cost(entries: Sequence[Tuple[int, float, float, RowDistribution, float, float]]) -> Dict[str, float]:
-            out = dict.fromkeys(("embedding_lookup", "embedding_update", "uvm_reads", "uvm_writes", "prefetch"), 0.0)
+            out = dict.fromkeys(("embedding_lookup", "embedding_update", "uvm_reads", "uvm_writes", "prefetch", "misses"), 0.0)
             if kernel == FUSED_UVM_CACHING:
                 capacity = plan.uvm_load_factor * sum(e[5] for e in entries)
                 misses = uvm_cache([e[3] for e in entries], [e[4] for e in entries], capacity, plan.uvm_algorithm)
-            for k, (i, ids, unique, _, _, _) in enumerate(entries):
+            for k, (i, ids, unique, _, draws, _) in enumerate(entries):
                 rb = w.tables[i].dim * F32
                 if kernel == FUSED_UVM_CACHING:
-                    miss = misses[k][0]
+                    # the distribution's misses, plus the real data's tail: compulsory misses
+                    miss = misses[k][0] + draws * w.tables[i].tail_rate()
+                    out["misses"] += miss
                     out["embedding_lookup"] += p.device_gather(unique, rb) + ids * hw.kernel_id_s
                     out["embedding_update"] += p.device_gather(unique, rb + dev_state) + p.device_scatter(unique, rb + dev_state)
+                    manage = cache_management(p, ids, unique, miss)
                     fill = p.host_read_random(miss, rb) + p.host_write(miss, rb)  # misses in, evicted dirty rows out
                     if prefetch:
-                        out["prefetch"] += fill
+                        out["prefetch"] += fill + manage
                     else:
+                        out["embedding_lookup"] += manage
                         out["uvm_reads"] += p.host_read_random(miss, rb)
                         out["uvm_writes"] += p.host_write(miss, rb)
                     out["uvm_reads"] += p.host_read_random(unique, host_state)
@@ -142,10 +168,10 @@ class UvmCost:
             return cache + rows * dev_state
 
         if sharding == "table_wise":
-            alone = [sum(rank_cost([entry(i)]).values()) for i in range(T)]  # each table with its own cache
+            alone = [_seconds(rank_cost([entry(i)])) for i in range(T)]  # each table with its own cache
             ranks = assign_tables(alone, W)
             costs = [rank_cost([entry(i) for i in r]) if r else {} for r in ranks]
-            busiest = max(range(W), key=lambda r: sum(costs[r].values()))
+            busiest = max(range(W), key=lambda r: _seconds(costs[r]))
             terms = {k: v for k, v in costs[busiest].items()}
             mem = max(device_bytes(r) for r in ranks)
             ids_sent = sum(t.ids for t in tr) * (W - 1) / W
@@ -159,4 +185,10 @@ class UvmCost:
             terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + (W - 1) * B * T * LENGTH_BYTES)
             terms["output_all_to_all"] = p.all_to_all((W - 1) * B * sum(t.dim for t in w.tables) * F32, calls=2)
         background = terms.pop("prefetch")
+        terms.pop("misses")
         return terms, mem, background
+
+
+def _seconds(cost: Dict[str, float]) -> float:
+    """A rank's seconds of its terms (its miss count left out)."""
+    return sum(v for k, v in cost.items() if k != "misses")

@@ -139,17 +139,37 @@ class RowDistribution:
 
 @dataclass(frozen=True)
 class CostTable:
-    """One embedding table: rows, dim, ids per sample, and how its ids are distributed."""
+    """One embedding table: rows, dim, ids per sample, and how its ids are distributed.
+
+    ``epoch_draws``: ids of this table in one epoch of real data, whose tail covers the table (every
+    row is read at least once an epoch). A Zipf distribution over many rows leaves most of them
+    undrawn in that many draws; the rows it leaves out are read too, once each: the table's
+    ``tail_rate``. None: the distribution is the data (synthetic ids), no such rows.
+    """
 
     name: str
     rows: int
     dim: int
     distribution: RowDistribution
     pooling: float = 1.0  # ids per sample (TorchRec's pooling factor)
+    epoch_draws: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.epoch_draws is not None and self.epoch_draws <= 0:
+            raise ValueError(f"table {self.name}: epoch_draws must be > 0, got {self.epoch_draws}")
 
     @classmethod
-    def zipf(cls, name: str, rows: int, dim: int, s: float, pooling: float = 1.0) -> "CostTable":
-        return cls(name, rows, dim, RowDistribution.zipf(rows, s), pooling)
+    def zipf(cls, name: str, rows: int, dim: int, s: float, pooling: float = 1.0,
+             epoch_draws: Optional[float] = None) -> "CostTable":  # fmt: skip
+        return cls(name, rows, dim, RowDistribution.zipf(rows, s), pooling, epoch_draws)
+
+    def tail_rate(self) -> float:
+        """Distinct rows per draw that the real data reads and the distribution does not: the rows
+        left undrawn by ``epoch_draws`` draws, spread evenly over the epoch (each a compulsory miss
+        of any cache: read once an epoch, never again before the epoch ends). 0 without ``epoch_draws``."""
+        if self.epoch_draws is None:
+            return 0.0
+        return max(0.0, self.rows - self.distribution.expected_unique(self.epoch_draws)) / self.epoch_draws
 
 
 @dataclass(frozen=True)

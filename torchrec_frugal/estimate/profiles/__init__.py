@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 DEVICE_KINDS = ("cpu", "cuda")
+UVM_MISS_S = 5e-9
+"""Device time per miss of FBGEMM's LRU cache when a profile does not set ``uvm_miss_s``: an
+**assumption** (docs/cost_model.md, "TorchRec's offloading"): the miss's share of sorting the misses
+by cache set and of ``lru_cache_insert`` (a warp sorts the set's 32 timestamps, evicts, loads)."""
 _DIR = Path(__file__).resolve().parent
 
 
@@ -80,6 +84,8 @@ class HardwareProfile:
     llc_bytes: Optional[float] = None  # last-level cache of one node, shared by its ranks
     llc_gather_bw: Optional[float] = None  # random rows gathered from a table held in the last-level cache
     llc_scatter_bw: Optional[float] = None  # random rows written into a table held in the last-level cache
+    # TorchRec's offloading (optional: None takes UVM_MISS_S)
+    uvm_miss_s: Optional[float] = None  # fused_uvm_caching: device time of one cache miss (FBGEMM's sort by set, LRU insert)
     notes: str = ""
     extra: Dict[str, Any] = field(default_factory=dict)  # free-form facts (measured points, dates)
 
@@ -91,6 +97,11 @@ class HardwareProfile:
     def has_llc(self) -> bool:
         """Whether gathers and scatters distinguish tables held in the last-level cache."""
         return self.llc_bytes is not None and self.llc_gather_bw is not None and self.llc_scatter_bw is not None
+
+    @property
+    def uvm_miss_cost_s(self) -> float:
+        """Device time per miss of a fused_uvm_caching cache: ``uvm_miss_s``, or ``UVM_MISS_S`` where unset."""
+        return UVM_MISS_S if self.uvm_miss_s is None else self.uvm_miss_s
 
     @property
     def frugal_id_s(self) -> float:
@@ -131,14 +142,14 @@ class HardwareProfile:
 
 
 _LLC = ("llc_bytes", "llc_gather_bw", "llc_scatter_bw")
-_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s", *_LLC}
+_OPTIONAL = {"notes", "extra", "network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s", "uvm_miss_s", *_LLC}
 _OBSOLETE = {"engine_step_s", "engine_row_s"}
 """Fields of profiles written before the planned step (the engine's host work priced on the training
 thread); a file holding them still loads, without them (docs/cost_model.md, "Frugal's threads")."""
 _NONNEGATIVE = {"dense_thread_efficiency", "op_overhead_s", "framework_step_s", "framework_id_s", "framework_dist_step_s",
                 "kernel_id_s", "a2a_latency_s", "allreduce_latency_s", "frugal_train_thread_s", "planner_step_s",
                 "planner_id_s", "planner_row_s", "exchange_step_s", "exchange_row_s", "lookahead_row_s",
-                "sync_latency_s", "network_latency_s", "frugal_kernel_id_s"}  # fmt: skip
+                "sync_latency_s", "network_latency_s", "frugal_kernel_id_s", "uvm_miss_s"}  # fmt: skip
 
 
 def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProfile:
@@ -158,7 +169,7 @@ def profile_from_dict(d: Dict[str, Any], where: str = "profile") -> HardwareProf
         if name not in d:
             continue
         v = d[name]
-        if name in ("network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s", *_LLC) and v is None:
+        if name in ("network_bw", "network_latency_s", "host_memory_bytes", "frugal_kernel_id_s", "uvm_miss_s", *_LLC) and v is None:
             out[name] = None
             continue
         if name in ("name", "description", "notes"):

@@ -1,23 +1,27 @@
-"""The paper's setting, predicted by the cost model: Frugal against TorchRec on 2, 4 and 8 RTX 3090s, and
-the paper's motivation figures (Figure 3) as the model sees them.
+"""The paper's setting, predicted by the cost model: Frugal against TorchRec on 2, 4 and 8 RTX 3090s on the
+paper's DLRM benchmark, how each assumed input of the profile moves the verdict, and the paper's
+motivation figures (Figure 3) as the model sees them.
 
 Every figure this script prints or writes is a PREDICTION of ``torchrec_frugal.estimate.cost_model`` on the
 shipped hardware profiles (``torchrec_frugal/estimate/profiles/*.json``, sources in ``docs/cost_model.md``).
-Nothing is trained or measured. No profile constant is changed here: the motivation figures are a
-check of the model as it stands.
+Nothing is trained or measured. No profile file is changed here: variants are built with
+``dataclasses.replace``.
 
-    python benchmarks/paper_setting.py      # prints markdown; writes the JSON and the PNG below
-    python benchmarks/paper_setting.py --json benchmarks/results/paper_setting.json \\
-        --plot benchmarks/results/paper_setting.png                       # the same, the paths explicit
-    python benchmarks/paper_setting.py --configs avazu --gpus 8 --batches 1024 --no-plot --json one.json
+    python benchmarks/paper_setting.py --doc docs/paper_setting.md   # the page, benchmarks/results/paper_setting*
+    python benchmarks/paper_setting.py --configs avazu --gpus 8 --batches 1024 --no-plot --no-grid --json one.json
 
 What it predicts (docs/paper_setting.md):
 
-a. Frugal against TorchRec's best stock sharding (the fastest of table_wise, row_wise and
-   table_row_wise that fits in device memory) on 2, 4 and 8 RTX 3090s (``rtx3090``), for avazu,
-   criteo-kaggle and criteo-tb at their full cardinalities (scale 1), per-GPU batch 128 and 1024,
-   cache ratios 0.01, 0.05 and 0.1, Frugal's lookahead the best of ``LOOKAHEAD_CHOICES``; with the
-   terms whose difference explains the gap.
+a. Frugal against the best stock choice that fits (table_wise, row_wise, table_row_wise, and TorchRec's
+   UVM offloading) on 2, 4 and 8 RTX 3090s (``rtx3090``: the paper's box, PCIe 3.0), on the paper's
+   model (one table of the dataset's capacity: avazu, criteo-kaggle, criteo-tb; MLP 32-512-256-1; SGD),
+   per-GPU batch 128 and 1024, cache ratios 0.01, 0.05 and 0.1, Frugal's lookahead the best of
+   ``LOOKAHEAD_CHOICES``; with what bounds each side's step (``cost_model.bound``) and the terms whose
+   difference explains the gap. The same for the MLPerf-style DLRM (``--model dlrm``) as a second table.
+   Ids: the synthetic data's Zipf with the real data's tail (every row read once an epoch).
+Sensitivity. Each assumed input (``ASSUMPTIONS``: framework time, host link, collectives, Frugal's
+   host-thread rates, UVM cache work, the ids' tail) at each end of its stated range: table a's verdicts
+   there; and a plot of frugal / best stock over framework time and table size.
 b. Figure 3: (i) the effective all-to-all bandwidth of the model's ``Primitives`` on the 3090 box
    against the A30 box (paper: 54%); (ii) the throughput a HugeCTR-style system (TorchRec
    table_wise: table-wise model parallelism with all-to-alls) loses on 3090 against A30 at equal
@@ -25,8 +29,7 @@ b. Figure 3: (i) the effective all-to-all bandwidth of the model's ``Primitives`
    "TorchRec as profiled" (the shipped profiles unchanged) and "HugeCTR-style", which changes only
    what distinguishes HugeCTR's training from TorchRec's on these profiles: no Python training loop
    (the framework terms are zero, an assumption) and dense layers on the tensor cores (25% of each
-   card's dense TF32 tensor-core peak instead of 25% of its FP32 peak). The variant profiles are
-   built here with ``dataclasses.replace``; the profile files are not changed.
+   card's dense TF32 tensor-core peak instead of 25% of its FP32 peak).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,25 +49,29 @@ sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_fru
 from torchrec_frugal.estimate.cost_model import (  # noqa: E402
     LOOKAHEAD_CHOICES,
     MEMORY_HEADROOM,
+    PATH_PARTS,
     TERMS,
     UVM_CHOICES,
     CostModel,
     Plan,
     Primitives,
+    CostTable,
     StepCost,
+    Workload,
+    bound,
     predict_all,
     recommend_frugal,
 )
-from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS  # noqa: E402
+from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS, PAPER_CAPACITIES, SkewConfig  # noqa: E402
 from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
-from torchrec_frugal.estimate.profiles import HardwareProfile, load_profile  # noqa: E402
+from torchrec_frugal.estimate.profiles import UVM_MISS_S, HardwareProfile, load_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 STOCK = ("table_wise", "row_wise", "table_row_wise") + UVM_CHOICES  # FUSED, then TorchRec's offloading
 CONFIGS = ("avazu", "criteo-kaggle", "criteo-tb")
 GPUS = (2, 4, 8)
 SCALE = 1.0  # the paper's datasets: full cardinalities
-MODEL = "mlp"  # the authors' DLRM benchmark model: pooled embeddings + dense features through MLP 512-256-1
+MODEL = "paper"  # the authors' DLRM benchmark: one table, 21 or 26 ids a sample sum-pooled, MLP 32-512-256-1
 HUGECTR = "table_wise"  # a HugeCTR-style system: table-wise model parallelism with all-to-alls
 SWEEP_BATCHES = tuple(2**k for k in range(5, 13))  # the motivation's per-GPU batch sweep, 32 to 4096
 LOSS_GPUS = (2, 4)  # equal GPU counts on both boxes: the A30 box has 4 GPUs (the A30 runs used 1-4)
@@ -73,7 +80,15 @@ HEADLINE_PAIR = (4, 4)  # the largest count both boxes have
 PAPER_A2A_SHARE = 0.54  # Figure 3: all-to-all bandwidth on 3090 is 54% of the datacenter GPU's
 PAPER_MAX_LOSS = 0.37  # Figure 3: a HugeCTR-style system loses up to 37% throughput on 3090 against A30
 TOLERANCE = 0.25  # "within 25% of the paper's figure": |model / paper - 1| <= 0.25
+REAL_DATA = True  # the datasets' real ids: their tail reads every row once an epoch (CostTable.tail_rate)
+PAPER_LOOKAHEAD = 10  # the authors' L
+HEADLINE = ("criteo-tb", 8, 1024, 0.05)  # (config, GPUs, batch per GPU, cache ratio) of the sensitivity table
+GRID_CONFIG, GRID_CACHE_RATIO = "criteo-tb", 0.05  # the plot of where Frugal wins: criteo-tb's table, scaled
+GRID_FRAMEWORK_MS = tuple(float(x) for x in range(0, 9))  # framework time per step, 0-8 ms
+GRID_SCALES = tuple(float(x) for x in np.round(np.logspace(-2, 1, 10), 4))  # 0.01-10x criteo-tb's 73.4M rows
+GRID_PANELS = ((2, 1024), (8, 128), (8, 1024))  # (GPUs, batch per GPU)
 A2A_TERMS = ("input_all_to_all", "output_all_to_all")
+REGENERATE = "python benchmarks/paper_setting.py --doc docs/paper_setting.md"  # the page, its JSON and figures
 PROBE_BYTES = 64 * 2**20  # message size at which the all-to-all's bandwidth term is read off
 MESSAGE_BYTES = 2**20  # bytes per rank of the latency-included share (table_wise's output all-to-all of
 # criteo-kaggle sends 0.3 MiB per rank at batch 128 on 4 GPUs, 2.4 MiB at batch 1024)
@@ -136,6 +151,12 @@ def shown(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------- a. the 3090 table
+def workload(config: str, gpus: int, batch: int, model: str = MODEL, scale: float = SCALE,
+             presample_steps: int = PRESAMPLE_STEPS, real_data: bool = REAL_DATA) -> Workload:
+    """One point's workload: the DLRM example's (``dlrm_workload``) on the real data's ids by default."""
+    return dlrm_workload(config, gpus, batch, scale, model, presample_steps=presample_steps, real_data=real_data)
+
+
 def comparison(
     hw: HardwareProfile,
     configs: Sequence[str] = CONFIGS,
@@ -146,27 +167,33 @@ def comparison(
     model: str = MODEL,
     scale: float = SCALE,
     presample_steps: int = PRESAMPLE_STEPS,
+    real_data: bool = REAL_DATA,
 ) -> List[Dict[str, Any]]:
     """One row per (config, GPUs, batch per GPU, cache ratio): Frugal with the best lookahead against
-    the best stock sharding that fits (predicted samples/s, their ratio, the largest term gaps)."""
+    the best stock choice that fits (predicted samples/s, their ratio, what bounds each step, the
+    largest term gaps); also Frugal at the paper's L = 10."""
     cm = CostModel(hw)
     rows: List[Dict[str, Any]] = []
     for config, n, batch in itertools.product(configs, gpus, batches):
-        w = dlrm_workload(config, n, batch, scale, model, presample_steps=presample_steps)
+        w = workload(config, n, batch, model, scale, presample_steps, real_data)
         stock = predict_all(cm, w, shardings=STOCK if hw.device == "cuda" else STOCK[:3])  # independent of Frugal's
         best = best_stock(stock)
         for c in cache_ratios:
             plan, fr = recommend_frugal(cm, w, cache_ratios=(c,), lookaheads=lookaheads)
+            at_l = fr if plan.lookahead == PAPER_LOOKAHEAD else cm.predict(w, Plan("frugal", c, PAPER_LOOKAHEAD))
             ref = stock[best] if best else None
             rows.append({
                 "config": config, "gpus": n, "batch_per_gpu": batch, "cache_ratio": c, "lookahead": plan.lookahead,
+                "rows": sum(t.rows for t in w.tables),
                 "frugal_samples_per_second": fr.samples_per_second, "frugal_fits": fr.fits,
                 "frugal_memory_gib_per_gpu": gib(fr.memory_bytes_per_device),
                 "frugal_cache_hit_ratio": fr.details["cache_hit_ratio"],
                 "stock": best, "stock_samples_per_second": ref.samples_per_second if ref else None,
                 "ratio": fr.samples_per_second / ref.samples_per_second if ref else None,
+                "ratio_at_paper_lookahead": at_l.samples_per_second / ref.samples_per_second if ref else None,
                 "stock_step_s": ref.step_s if ref else None,
                 "stock_uvm_load_factor": ref.details.get("uvm_load_factor") if ref else None,
+                "frugal_bound": bound(fr).to_json(), "stock_bound": bound(ref).to_json() if ref else None,
                 "frugal_variants_s": design_variants(fr),
                 "gaps_ms": largest_gaps(fr, ref) if ref else [],
                 "frugal_terms_ms": {t: 1e3 * v for t, v in fr.terms.items() if v},
@@ -175,6 +202,202 @@ def comparison(
                                   "memory_gib_per_gpu": gib(x.memory_bytes_per_device)} for s, x in stock.items()},
             })  # fmt: skip
     return rows
+
+
+def verdict_summary(rows: Sequence[Dict[str, Any]], headline: Tuple[str, int, int, float] = HEADLINE) -> Dict[str, Any]:
+    """The verdicts of a table a: the range of frugal / best stock, how many rows Frugal wins, and the
+    headline row's ratio, best stock choice and both bounds."""
+    ratios = np.array([r["ratio"] for r in rows if r["ratio"] is not None])
+    keyed = [r for r in rows if r["ratio"] is not None]
+    head = next((r for r in keyed if (r["config"], r["gpus"], r["batch_per_gpu"], r["cache_ratio"]) == tuple(headline)),
+                keyed[-1] if keyed else None)  # the table's last compared row where it lacks the headline's  # fmt: skip
+    return {
+        "rows": len(rows), "compared": int(ratios.size), "frugal_only": sum(r["stock"] is None for r in rows),
+        "ratio_min": float(ratios.min()) if ratios.size else None,
+        "ratio_max": float(ratios.max()) if ratios.size else None,
+        "wins": int((ratios > 1.0).sum()),
+        "headline": None if head is None else {
+            "config": head["config"], "gpus": head["gpus"], "batch_per_gpu": head["batch_per_gpu"],
+            "cache_ratio": head["cache_ratio"], "ratio": head["ratio"], "stock": head["stock"], "lookahead": head["lookahead"],
+            "frugal_bound": head["frugal_bound"], "stock_bound": head["stock_bound"]},
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the assumptions
+class Assumption(NamedTuple):
+    """One assumed input of the 3090 profile: the fields it sets, its value in the profile, the ends
+    of its range (in ``unit``), and where each figure comes from. ``kind`` says how a value becomes a
+    profile: ``set`` puts it in every field; ``scale`` multiplies every field by value / base (the
+    host-read curve and write rate move with the link); ``multiply`` multiplies every field by the
+    value; ``data`` is no profile field but the ids."""
+
+    key: str
+    label: str
+    fields: Tuple[str, ...]
+    unit: str
+    per_unit: float  # profile units (seconds, bytes/s) per ``unit``
+    low: float
+    high: float
+    kind: str
+    source: str
+
+    def base(self, hw: HardwareProfile) -> float:
+        """The profile's value, in ``unit`` (the first field's; 1.0 for ``data``, the real ids, and for
+        ``multiply``, the profile's rates)."""
+        return 1.0 if self.kind in ("data", "multiply") else getattr(hw, self.fields[0]) / self.per_unit
+
+    def apply(self, hw: HardwareProfile, value: float) -> HardwareProfile:
+        """``hw`` with this input at ``value`` (in ``unit``), every other field as it is (``dataclasses.replace``)."""
+        if self.kind == "data":
+            return hw
+        if self.kind == "set":
+            return dataclasses.replace(hw, **{f: value * self.per_unit for f in self.fields})
+        k = value / self.base(hw)
+        changes: Dict[str, Any] = {}
+        for f in self.fields:
+            v = getattr(hw, f)
+            changes[f] = [(r, bw * k) for r, bw in v] if f == "host_read_sorted" else v * k
+        return dataclasses.replace(hw, **changes)
+
+
+MS, US, NS, GBS = 1e-3, 1e-6, 1e-9, 1e9
+LINK_FIELDS = ("h2d_bw", "d2h_bw", "host_read_random_bw", "host_read_sorted", "host_write_bw")
+EXCHANGE_FIELDS = ("exchange_step_s", "exchange_row_s", "lookahead_row_s")
+ASSUMPTIONS: Tuple[Assumption, ...] = (
+    Assumption("framework_step_s", "framework time per step", ("framework_step_s",), "ms", MS, 1.0, 7.9, "set",
+               "assumed 3 ms (rtx3090.json; never measured on a GPU). Low: a lean loop; high: the cpu profile's "
+               "fit to the training loop on the development machine (7.9 ms, docs/cost_model.md)"),
+    Assumption("framework_id_s", "framework time per id", ("framework_id_s",), "ns", NS, 0.0, 480.0, "set",
+               "assumed 50 ns. Low: none; high: the development machine's stage-1 fit (0.48 us, docs/cost_model.md)"),
+    Assumption("host_link", "host link (PCIe)", LINK_FIELDS, "GB/s", GBS, 6.0, 13.0, "scale",
+               "12 GB/s: PCIe 3.0 x16 (15.75 GB/s theoretical) of the Xeon Gold 6130; host reads and writes "
+               "move with it (the H200's measured rates x link / 55.3). Low: two GPUs behind one x16 switch "
+               "uplink; high: the best pinned copies PCIe 3.0 x16 reaches"),
+    Assumption("collective_bw", "all-to-all / all-reduce bandwidth without P2P", ("a2a_bw", "allreduce_bw"),
+               "GB/s", GBS, 6.0, 12.0, "set",
+               "assumed 12 GB/s. Low: PCIe 3.0 link / 2 (every byte crosses PCIe twice, staged through host); "
+               "high: one link's worth (the two crossings use the two directions of full-duplex links)"),
+    Assumption("collective_latency", "all-to-all / all-reduce latency per peer", ("a2a_latency_s", "allreduce_latency_s"),
+               "us", US, 10.0, 100.0, "set",
+               "assumed 20 us (NCCL per peer). High: NCCL's shared-memory path through a proxy thread "
+               "without P2P; the h200 profile assumes 50 us for gloo"),
+    Assumption("exchange_worker", "Frugal's exchange worker rates", EXCHANGE_FIELDS, "x", 1.0, 0.5, 2.4, "multiply",
+               "measured on the development machine's CPU (0.22 ms + 0.22 us + 0.43 us a row), not on the Xeon "
+               "Gold 6130 (2.1-3.7 GHz). High: 2.4x, the most the planner's CPU in the example exceeded its fit "
+               "(docs/cost_model.md); low: a core twice as fast"),
+    Assumption("planner_id_s", "Frugal's planner rate per id", ("planner_id_s",), "ns", NS, 19.5, 94.0, "set",
+               "fitted on the development machine (39 ns, benchmarks/time_plan.py). Low: half; high: 2.4x "
+               "(its CPU in the example, cold caches beside the step)"),
+    Assumption("frugal_train_thread_s", "Frugal's work on the training thread", ("frugal_train_thread_s",), "ms", MS,
+               0.25, 1.2, "set",
+               "measured on the development machine (0.48-0.53 ms, benchmarks/time_dlrm_calls.py). Low: half; high: 2.4x"),
+    Assumption("uvm_miss_s", "UVM cache work per miss", ("uvm_miss_s",), "ns", NS, 1.0, 20.0, "set",
+               "assumed 5 ns (UVM_MISS_S: FBGEMM's sort by cache set and lru_cache_insert per miss). Low: the "
+               "row's copy into the cache alone; high: a warp's serial insert per miss"),
+    Assumption("data_tail", "the ids' tail", (), "", 1.0, 0.0, 1.0, "data",
+               "the real data reads every row once an epoch (1); 0: the synthetic Zipf ids alone, whose tail "
+               "leaves most of a large table unread"),
+)
+"""Every assumed input of the 3090 profile that can move a verdict, with its range and sources
+(docs/paper_setting.md, "Sensitivity")."""
+
+
+def assumed_profile(hw: HardwareProfile) -> HardwareProfile:
+    """``hw`` with every optional field the assumptions vary set to the value the model uses."""
+    return hw if hw.uvm_miss_s is not None else dataclasses.replace(hw, uvm_miss_s=UVM_MISS_S)
+
+
+def sensitivity(
+    hw: HardwareProfile,
+    base_rows: Sequence[Dict[str, Any]],
+    assumptions: Sequence[Assumption] = ASSUMPTIONS,
+    configs: Sequence[str] = CONFIGS,
+    gpus: Sequence[int] = GPUS,
+    batches: Sequence[int] = BATCH_SIZES,
+    cache_ratios: Sequence[float] = CACHE_RATIOS,
+    model: str = MODEL,
+    presample_steps: int = PRESAMPLE_STEPS,
+) -> List[Dict[str, Any]]:
+    """Table a recomputed with each assumption at each end of its range, the others as profiled: the
+    verdicts there (:func:`verdict_summary`) beside the profile's."""
+    hw = assumed_profile(hw)
+    base = verdict_summary(base_rows)
+    out = []
+    for a in assumptions:
+        ends = {}
+        for end, value in (("low", a.low), ("high", a.high)):
+            real = bool(value) if a.kind == "data" else REAL_DATA
+            rows = comparison(a.apply(hw, value), configs, gpus, batches, cache_ratios, model=model,
+                              presample_steps=presample_steps, real_data=real)  # fmt: skip
+            ends[end] = {"value": value, **verdict_summary(rows)}
+        out.append({"key": a.key, "label": a.label, "fields": list(a.fields), "unit": a.unit, "kind": a.kind,
+                    "source": a.source, "profile": a.base(hw), "base": base, **ends})  # fmt: skip
+    return out
+
+
+def best_case(hw: HardwareProfile, sens: Sequence[Dict[str, Any]], assumptions: Sequence[Assumption] = ASSUMPTIONS,
+              **kw: Any) -> Dict[str, Any]:
+    """Every assumption at the end of its range where Frugal fares better (the larger headline ratio)
+    at once, and at the other ends at once: the verdicts of the two corners."""
+    by_key = {a.key: a for a in assumptions}
+    corners: Dict[str, Any] = {}
+    for name, pick in (("frugal_best", max), ("frugal_worst", min)):
+        prof, real, values = assumed_profile(hw), REAL_DATA, {}
+        for row in sens:
+            a = by_key[row["key"]]
+            end = pick(("low", "high"), key=lambda e: row[e]["headline"]["ratio"] or 0.0)
+            values[a.key] = row[end]["value"]
+            if a.kind == "data":
+                real = bool(row[end]["value"])
+            else:
+                prof = a.apply(prof, row[end]["value"])
+        rows = comparison(prof, real_data=real, **kw)
+        corners[name] = {"values": values, **verdict_summary(rows)}
+    return corners
+
+
+def scaled_workload(config: str, gpus: int, batch: int, scale: float, model: str = MODEL,
+                    presample_steps: int = PRESAMPLE_STEPS) -> Workload:
+    """``workload`` with every table ``scale`` times its full size, above 1 too (a table larger than
+    the dataset's: the plot's upper half), ids Zipf(s) by the new size as the synthetic data draws them."""
+    w = workload(config, gpus, batch, model, 1.0, presample_steps)
+    skew = SkewConfig()
+    tables = tuple(CostTable.zipf(t.name, int(np.ceil(scale * t.rows)), t.dim, skew.s_for(int(np.ceil(scale * t.rows))),
+                                  t.pooling, t.epoch_draws) for t in w.tables)  # fmt: skip
+    return dataclasses.replace(w, tables=tables)
+
+
+def framework_grid(
+    hw: HardwareProfile,
+    framework_ms: Sequence[float] = GRID_FRAMEWORK_MS,
+    scales: Sequence[float] = GRID_SCALES,
+    panels: Sequence[Tuple[int, int]] = GRID_PANELS,
+    config: str = GRID_CONFIG,
+    cache_ratio: float = GRID_CACHE_RATIO,
+    model: str = MODEL,
+    presample_steps: int = PRESAMPLE_STEPS,
+) -> Dict[str, Any]:
+    """frugal / best stock over framework time per step (x) and table size (y, a scale of ``config``'s
+    capacity), one panel per (GPUs, batch per GPU); NaN where no stock choice fits (Frugal alone)."""
+    hw = assumed_profile(hw)
+    out = []
+    for n, batch in panels:
+        ratio = np.full((len(scales), len(framework_ms)), np.nan)
+        stock_fits = np.zeros_like(ratio, dtype=bool)
+        for i, s in enumerate(scales):
+            w = scaled_workload(config, n, batch, s, model, presample_steps)
+            for j, f in enumerate(framework_ms):
+                cm = CostModel(dataclasses.replace(hw, framework_step_s=f * MS))
+                fr = recommend_frugal(cm, w, cache_ratios=(cache_ratio,))[1]
+                stock = predict_all(cm, w, shardings=STOCK)
+                best = best_stock(stock)
+                if best is not None:
+                    stock_fits[i, j] = True
+                    ratio[i, j] = fr.samples_per_second / stock[best].samples_per_second
+        out.append({"gpus": n, "batch_per_gpu": batch, "stock_fits": stock_fits.tolist(),
+                    "ratio": [[None if np.isnan(x) else float(x) for x in r] for r in ratio]})  # fmt: skip
+    return {"config": config, "cache_ratio": cache_ratio, "framework_ms": list(framework_ms), "scales": list(scales),
+            "rows": [int(np.ceil(s * PAPER_CAPACITIES[config])) for s in scales], "panels": out}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- the design question
@@ -231,19 +454,17 @@ def design_table(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def design_markdown(rows: Sequence[Dict[str, Any]]) -> str:
+    """Per variant: in how many of the rows where Frugal loses it would then win, and its median gain
+    (each row's figures are in the JSON, ``design_question``)."""
     if not rows:
         return "Frugal is predicted faster than the best stock choice in every configuration."
-    lines = [md_row(["config", "GPUs", "batch/GPU", "cache ratio", "best stock", "as built", *VARIANTS]),
-             "|---|---:|---:|---:|---|---:|" + "---:|" * len(VARIANTS)]  # fmt: skip
-    for r in rows:
-        lines.append(md_row([r["config"], r["gpus"], r["batch_per_gpu"], f"{r['cache_ratio']:g}", r["stock"],
-                             *(f"{r['ratio'][k]:.2f}" for k in ("as built", *VARIANTS))]))  # fmt: skip
     wins = {k: sum(r["ratio"][k] >= 1.0 for r in rows) for k in VARIANTS}
     med = {k: float(np.median([r["ratio"][k] / r["ratio"]["as built"] for r in rows])) for k in VARIANTS}
-    lines += ["", md_row(["variant", "configurations where Frugal then wins", "median gain over Frugal as built"]),
-              "|---|---:|---:|"]  # fmt: skip
+    best = {k: max(r["ratio"][k] for r in rows) for k in VARIANTS}
+    lines = [md_row(["variant", "configurations where Frugal then wins", "median gain over Frugal as built",
+                     "largest frugal / best stock"]), "|---|---:|---:|---:|"]  # fmt: skip
     for k in VARIANTS:
-        lines.append(md_row([k, f"{wins[k]} of {len(rows)}", f"{med[k]:.3f}x"]))
+        lines.append(md_row([k, f"{wins[k]} of {len(rows)}", f"{med[k]:.3f}x", f"{best[k]:.2f}"]))
     return "\n".join(lines)
 
 
@@ -308,7 +529,7 @@ def hugectr_points(
     a2a = np.array([t in A2A_TERMS for t in TERMS])
     out = []
     for config, n, batch in itertools.product(configs, gpus, batches):
-        w = dlrm_workload(config, n, batch, SCALE, model, presample_steps=0)
+        w = workload(config, n, batch, model, presample_steps=0)
         r, a = m_rtx.predict(w, Plan(HUGECTR)), m_a30.predict(w, Plan(HUGECTR))
         tr, ta = term_vector(r), term_vector(a)
         out.append({
@@ -468,12 +689,23 @@ def yes(ok: bool) -> str:
     return "yes" if ok else "no"
 
 
+def bound_cell(b: Optional[Dict[str, Any]]) -> str:
+    """A bound (``Bound.to_json``) in a table cell: the bound and its time, and its margin over the next lane."""
+    if b is None:
+        return "-"
+    if b["name"] not in PATH_PARTS:
+        return f"{b['name']} {b['ms']:.2f} ms: {b['margin_ms']:.2f} over the {b['runner_up']}"
+    head = f"{b['name']} {b['ms']:.2f} of {b['path_ms']:.2f} ms path"
+    return head if b["runner_up"] == "none" else head + f": {b['margin_ms']:.2f} over the {b['runner_up']}"
+
+
 def comparison_markdown(rows: Sequence[Dict[str, Any]], hw: HardwareProfile) -> str:
     limit = gib(MEMORY_HEADROOM * hw.device_memory_bytes)
     lines = [
         md_row(["config", "GPUs", "batch/GPU", "cache ratio", "L", "frugal samples/s", "best stock", "stock samples/s",
-                "frugal / stock", "largest term gaps, frugal - stock (ms)"]),
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
+                "frugal / stock", f"at L = {PAPER_LOOKAHEAD}", "frugal's bound (ms)", "stock's bound (ms)",
+                "largest term gaps, frugal - stock (ms)"]),
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|---|",
     ]  # fmt: skip
     for r in rows:
         frugal = num(r["frugal_samples_per_second"]) + ("" if r["frugal_fits"] else " (cache does not fit)")
@@ -484,7 +716,40 @@ def comparison_markdown(rows: Sequence[Dict[str, Any]], hw: HardwareProfile) -> 
             stock = r["stock"]
         lines.append(md_row([r["config"], r["gpus"], r["batch_per_gpu"], f"{r['cache_ratio']:g}", r["lookahead"],
                              frugal, stock, num(r["stock_samples_per_second"]), num(r["ratio"], ".2f"),
-                             gaps_text(r["gaps_ms"])]))  # fmt: skip
+                             num(r["ratio_at_paper_lookahead"], ".2f"), bound_cell(r["frugal_bound"]),
+                             bound_cell(r["stock_bound"]), gaps_text(r["gaps_ms"])]))  # fmt: skip
+    return "\n".join(lines)
+
+
+def end_cell(e: Dict[str, Any]) -> str:
+    """One end of an assumption's range: the range of frugal / best stock over table a, the wins, and
+    the headline row's ratio with Frugal's bound."""
+    h = e["headline"]
+    return (f"{e['ratio_min']:.2f}-{e['ratio_max']:.2f}x, ahead in {e['wins']} of {e['compared']}; "
+            f"headline {h['ratio']:.2f}x ({h['frugal_bound']['name']})")  # fmt: skip
+
+
+def sensitivity_markdown(sens: Sequence[Dict[str, Any]], corners: Dict[str, Any]) -> str:
+    """The sensitivity table: each assumption's profile value, its range, the verdicts at each end, and
+    its source; then every assumption at Frugal's better and worse ends at once."""
+    base = sens[0]["base"]
+    lines = [
+        md_row(["assumed input", "profile fields", "profile", "low", "high", "verdict at low", "verdict at high",
+                "source of the value and the range"]),
+        "|---|---|---:|---:|---:|---|---|---|",
+        md_row(["(as profiled)", "-", "-", "-", "-", end_cell(base), end_cell(base), "-"]),
+    ]  # fmt: skip
+    for r in sens:
+        fields = ", ".join(f"`{f}`" for f in r["fields"]) or "(the workload's ids)"
+        lines.append(md_row([r["label"], fields, unit_text(float(f"{r['profile']:.3g}"), r["unit"]),
+                             unit_text(r["low"]["value"], r["unit"]), unit_text(r["high"]["value"], r["unit"]),
+                             end_cell(r["low"]), end_cell(r["high"]), r["source"]]))  # fmt: skip
+    lines += ["", md_row(["every input at once", "values", "verdict"]), "|---|---|---|"]
+    by_key = {r["key"]: r for r in sens}
+    for name, label in (("frugal_best", "at the end better for Frugal"), ("frugal_worst", "at the end worse for Frugal")):
+        c = corners[name]
+        values = ", ".join(f"{by_key[k]['label']} {unit_text(v, by_key[k]['unit'])}" for k, v in c["values"].items())
+        lines.append(md_row([label, values, end_cell(c)]))
     return "\n".join(lines)
 
 
@@ -706,14 +971,120 @@ def plot(path: Path, rows: Sequence[Dict[str, Any]], points: Sequence[Dict[str, 
     plt.close(fig)
 
 
+def plot_grid(path: Path, grid: Dict[str, Any], profile_ms: float) -> None:
+    """Where Frugal wins: frugal / best stock over framework time (x) and table size (y), one panel per
+    (GPUs, batch); the line at 1.0 where it crosses, hatching where no stock choice fits."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    x, rows = np.array(grid["framework_ms"]), np.array(grid["rows"], dtype=float)
+    ratios = [np.array([[np.nan if v is None else v for v in r] for r in p["ratio"]]) for p in grid["panels"]]
+    finite = np.concatenate([r[np.isfinite(r)] for r in ratios])
+    lo, hi = min(float(finite.min()), 0.99), max(float(finite.max()), 1.01)
+    norm = TwoSlopeNorm(vmin=lo, vcenter=1.0, vmax=hi)
+    fig, axes = plt.subplots(1, len(ratios), figsize=(4.6 * len(ratios), 4.0), squeeze=False)
+    for ax, panel, r in zip(axes[0], grid["panels"], ratios):
+        mesh = ax.pcolormesh(x, rows, r, shading="nearest", cmap="RdBu", norm=norm)
+        if np.nanmin(r) < 1.0 < np.nanmax(r):
+            cs = ax.contour(x, rows, r, levels=[1.0], colors="black", linewidths=1.2)
+            ax.clabel(cs, fmt="1.0", fontsize=7)
+        if np.isnan(r).any():
+            ax.contourf(x, rows, np.isnan(r).astype(float), levels=[0.5, 1.5], colors="none", hatches=["//"])
+        ax.axvline(profile_ms, color="black", linestyle=":", linewidth=1)
+        for name, cap in PAPER_CAPACITIES.items():
+            ax.axhline(cap, color="grey", linewidth=0.6)
+            ax.text(x[0], cap, f" {name}", fontsize=6, va="bottom", ha="left")
+        ax.set_yscale("log")
+        ax.set_xlabel("framework time per step (ms; dotted: the profile's)")
+        ax.set_ylabel("rows of the one table")
+        ax.set_title(f"{panel['gpus']} GPUs, batch {panel['batch_per_gpu']}", fontsize=9)
+        fig.colorbar(mesh, ax=ax, label="predicted frugal / best stock")
+    fig.suptitle(f"PREDICTED: the paper's model, a {grid['config']}-like table scaled, cache {grid['cache_ratio']:g}, "
+                 "rtx3090 (hatched: no stock choice fits)", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def where_row(r: Dict[str, Any]) -> str:
+    return f"{r['config']}, {r['gpus']} GPUs, batch {r['batch_per_gpu']}"
+
+
+def unit_text(value: float, unit: str) -> str:
+    return f"{value:g} {unit}" if unit and unit != "x" else (f"{value:g}x" if unit == "x" else f"{value:g}")
+
+
+def flips(sens: Sequence[Dict[str, Any]]) -> List[Tuple[str, str, float]]:
+    """(label, value at that end, largest frugal / best stock there) of every end of a range where
+    Frugal is predicted ahead somewhere in table a."""
+    return [(r["label"], unit_text(r[e]["value"], r["unit"]), r[e]["ratio_max"])
+            for r in sens for e in ("low", "high") if r[e]["wins"] > 0]  # fmt: skip
+
+
+def summary_prose(rows: Sequence[Dict[str, Any]], sens: Optional[Sequence[Dict[str, Any]]]) -> str:
+    """One sentence from the results: where Frugal is predicted to win, where it loses, what bounds it."""
+    compared = [r for r in rows if r["ratio"] is not None]
+    wins = [r for r in compared if r["ratio"] > 1.0]
+    lo, hi = min(compared, key=lambda r: r["ratio"]), max(compared, key=lambda r: r["ratio"])
+    stocks = sorted({r["stock"] for r in compared})
+    bounds = [r["frugal_bound"]["name"] for r in compared] + [r["stock_bound"]["name"] for r in compared]
+    top = max(set(bounds), key=bounds.count)
+    gpus = sorted({r["gpus"] for r in rows})
+    where = (f"ahead in {len(wins)} of {len(compared)} configurations" if wins else
+             f"behind the best stock choice ({', '.join(stocks)}) in all {len(compared)} configurations")  # fmt: skip
+    text = (f"On the paper's model on {gpus[0]}-{gpus[-1]} RTX 3090s the cost model predicts Frugal {where} "
+            f"({lo['ratio']:.2f}x at {where_row(lo)} to {hi['ratio']:.2f}x at {where_row(hi)}); the {top} bounds "
+            f"{100 * bounds.count(top) / len(bounds):.0f}% of both sides' steps")  # fmt: skip
+    if sens is None:
+        return text + "."
+    f = flips(sens)
+    if not f:
+        return text + ", and no assumed input at either end of its range puts Frugal ahead."
+    parts = ", ".join(f"{label} at {value} (up to {ratio:.2f}x)" for label, value, ratio in f)
+    return text + f", and Frugal is predicted ahead only with {parts}."
+
+
+def readme_text(doc: Dict[str, Any]) -> Dict[str, Any]:
+    """README's two GPU-predicted rows of the Results table and the sentence under it, from this
+    script's results (a test holds README to them)."""
+    rows, s = doc["comparison"], doc["summary"]
+    gpus = sorted({r["gpus"] for r in rows})
+    batches = " and ".join(str(b) for b in sorted({r["batch_per_gpu"] for r in rows}))
+    caches = sorted({r["cache_ratio"] for r in rows})
+    sizes = sorted({r["rows"] for r in rows})
+    out = [
+        f"| {gpus[0]}-{gpus[-1]}x RTX 3090 (PCIe 3.0), the paper's DLRM benchmark (one table of {sizes[0] / 1e6:.1f}M-"
+        f"{sizes[-1] / 1e6:.1f}M rows, MLP 32-512-256-1), batch {batches}, cache {caches[0]:g}-{caches[-1]:g}: "
+        f"frugal / best stock choice | {s['ratio_min']:.2f}-{s['ratio_max']:.2f}x (ahead in {s['wins']} of "
+        f"{s['compared']}) | GPU-predicted | [paper setting](docs/paper_setting.md) |",
+    ]  # fmt: skip
+    sens = doc.get("sensitivity")
+    if sens:
+        ends = [r[e] for r in sens for e in ("low", "high")]
+        ahead = sum(e["wins"] > 0 for e in ends)
+        out.append(
+            f"| same, each of {len(sens)} assumed inputs (framework time, host link, collectives, Frugal's host "
+            f"threads, UVM cache work, the ids' tail) at either end of its range | "
+            f"{min(e['ratio_min'] for e in ends):.2f}-{max(e['ratio_max'] for e in ends):.2f}x (ahead somewhere at "
+            f"{ahead} of {len(ends)} ends) | GPU-predicted | [paper setting](docs/paper_setting.md#sensitivity) |")  # fmt: skip
+    return {"rows": out, "sentence": summary_prose(rows, sens)}
+
+
 def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
-    """Everything the script predicts, as a JSON document and as markdown."""
+    """Everything the script predicts, as a JSON document and as the markdown page (docs/paper_setting.md)."""
     rtx, a30 = load_profile(args.hardware), load_profile(args.datacenter)
-    rows = comparison(rtx, args.configs, args.gpus, args.batches, args.cache_ratios, model=args.model,
-                      presample_steps=args.presample_steps)  # fmt: skip
-    others = {name: comparison(load_profile(name), args.configs, args.gpus, args.batches, args.cache_ratios,
-                               model=args.model, presample_steps=args.presample_steps)
-              for name in args.also}  # fmt: skip
+    kw = dict(configs=args.configs, gpus=args.gpus, batches=args.batches, cache_ratios=args.cache_ratios,
+              presample_steps=args.presample_steps)  # fmt: skip
+    rows = comparison(rtx, model=args.model, **kw)
+    dlrm = comparison(rtx, model="dlrm", **kw) if args.dlrm else []
+    others = {name: comparison(load_profile(name), model=args.model, **kw) for name in args.also}
+    sens = sensitivity(rtx, rows, model=args.model, **kw) if args.sensitivity else None
+    corners = best_case(rtx, sens, model=args.model, **kw) if sens else None
+    grid = (framework_grid(rtx, args.grid_framework_ms, args.grid_scales, model=args.model,
+                           presample_steps=args.presample_steps) if args.grid else None)  # fmt: skip
     design = design_table(rows)
     a2a = a2a_check(rtx, a30)
     points = hugectr_points(rtx, a30, args.configs, model=args.model)
@@ -721,40 +1092,115 @@ def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
     variant = (hugectr_style_check(rtx, a30, args.configs, args.model, as_profiled=summary)
                if has_tf32_peak(rtx) and has_tf32_peak(a30) else None)  # fmt: skip
     head = next(r for r in a2a if (r["rtx3090_gpus"], r["a30_gpus"]) == HEADLINE_PAIR)
-    doc = {
+    doc: Dict[str, Any] = {
         "prediction": True,
         "note": "every figure is a prediction of torchrec_frugal.estimate.cost_model on the shipped profiles; none is measured",
-        "hardware": rtx.name, "datacenter": a30.name, "model": args.model, "scale": SCALE,
+        "hardware": rtx.name, "datacenter": a30.name, "model": args.model, "scale": SCALE, "real_data": REAL_DATA,
         "presample_steps": args.presample_steps, "lookaheads": list(LOOKAHEAD_CHOICES),
-        "stock_shardings": list(STOCK),
-        "comparison": rows,
+        "stock_shardings": list(STOCK), "headline": list(HEADLINE),
+        "comparison": rows, "summary": verdict_summary(rows),
+        "comparison_dlrm": dlrm, "summary_dlrm": verdict_summary(dlrm) if dlrm else None,
         "comparison_other_profiles": others,
+        "sensitivity": sens, "sensitivity_corners": corners, "framework_grid": grid,
         "design_question": design,
         "a2a_bandwidth": {"headline_pair": list(HEADLINE_PAIR), "rows": a2a},
         "hugectr_loss": {"system": HUGECTR, "batches": list(SWEEP_BATCHES), "points": points, **summary},
         "hugectr_style_loss": variant,
     }  # fmt: skip
+    doc["readme"] = readme_text(doc)
     a2a_top = largest_a2a_loss(points) if any(p["fits"] for p in points) else None
+    gpus = ", ".join(map(str, args.gpus))
+    caps = ", ".join(f"{n} {c:,}" for n, c in PAPER_CAPACITIES.items())
     md = [
-        f"PREDICTED by the cost model (profiles `{rtx.name}` and `{a30.name}`, model `{args.model}`, "
-        f"scale {SCALE:g}); predictions, not measurements.",
+        "# The paper's setting, predicted",
         "",
-        f"### a. Frugal against the best stock choice that fits (FUSED or UVM offloading), on {', '.join(map(str, args.gpus))} RTX 3090s",
+        f"Every figure on this page is a **prediction** of `torchrec_frugal.estimate.cost_model` on the shipped "
+        f"profiles (`{rtx.name}`: the paper's box, 8x RTX 3090 on PCIe 3.0 without peer-to-peer; `{a30.name}`; "
+        "sources in [cost_model.md](cost_model.md)); nothing here is measured. The page, its JSON and its "
+        "figures are regenerated by",
+        "",
+        "```bash",
+        f"{REGENERATE}   # writes benchmarks/results/paper_setting*.{{json,png}} too",
+        "```",
+        "",
+        doc["readme"]["sentence"],
+        "",
+        f"## a. The paper's DLRM benchmark on {gpus} RTX 3090s",
+        "",
+        f"The authors' benchmark (`--model paper` in `examples/dlrm` and `estimate`): one table over one ID space "
+        f"of the dataset's capacity ({caps} rows, dim 32), 21 (avazu) or 26 ids a sample sum-pooled into one "
+        "vector, MLP 32-512-256-1, SGD on table and MLP. Ids: Zipf by table size with the real data's tail (every "
+        "row read once an epoch: `CostTable.tail_rate`). Frugal's L is the best of "
+        f"{', '.join(map(str, LOOKAHEAD_CHOICES))} (and the ratio at the paper's L = {PAPER_LOOKAHEAD} beside it); "
+        "the best stock choice is the fastest that fits of "
+        f"{', '.join(f'`{x}`' for x in STOCK)} (UVM caching at the best `cache_load_factor`).",
+        "",
+        "Each step's bound (`cost_model.bound`, [cost_model.md](cost_model.md#what-bounds-a-step)): the critical "
+        "path's largest part (device, training thread, host link, collectives) and by how much the path outlasts the "
+        "slowest thread beside it (planner, exchange worker, flushers, cache prefetch), or the thread beside it that "
+        "outlasts the path, and by how much.",
         "",
         comparison_markdown(rows, rtx),
         "",
-        *(x for name, rs in others.items() for x in (
-            f"The same on `{name}`:", "", comparison_markdown(rs, load_profile(name)), "")),
-        "### The design question: Frugal variants, priced but not built, where Frugal loses "
-        f"(on `{rtx.name}`)",
+        f"![predicted frugal / best stock, and Figure 3](../{shown(args.plot)})",
         "",
-        "Predicted samples/s of each variant over the best stock choice's (>= 1: Frugal then wins); "
-        "`design_variants` in this script says what each changes.",
+        f"Figure: `{REGENERATE}`.",
+        "",
+    ]  # fmt: skip
+    for name, rs in others.items():
+        md += [f"The same on `{name}`:", "", comparison_markdown(rs, load_profile(name)), ""]
+    if sens is not None and corners is not None:
+        h = HEADLINE
+        md += [
+            "## Sensitivity",
+            "",
+            "Each assumed input of the profile at each end of its range, the others as profiled (built with "
+            "`dataclasses.replace`; the profile file is not changed): the range of frugal / best stock over table a, "
+            f"how many of its rows Frugal wins, and the headline row ({h[0]}, {h[1]} GPUs, batch {h[2]}, cache "
+            f"{h[3]:g}) with the bound of Frugal's step. The inputs, ranges and sources are `ASSUMPTIONS` in "
+            "`benchmarks/paper_setting.py`.",
+            "",
+            sensitivity_markdown(sens, corners),
+            "",
+        ]  # fmt: skip
+    if grid is not None:
+        r = [v for p in grid["panels"] for row in p["ratio"] for v in row if v is not None]
+        won = sum(v > 1.0 for v in r)
+        md += [
+            "### Where Frugal wins: framework time and table size",
+            "",
+            f"frugal / best stock as the framework time per step ({grid['framework_ms'][0]:g}-"
+            f"{grid['framework_ms'][-1]:g} ms) and the table ({grid['rows'][0]:,}-{grid['rows'][-1]:,} rows: "
+            f"{grid['scales'][0]:g}-{grid['scales'][-1]:g}x criteo-tb's capacity, ids as the paper's criteo-tb) vary, "
+            f"cache {grid['cache_ratio']:g}: {min(r):.2f}-{max(r):.2f}x, Frugal ahead at {won} of {len(r)} points.",
+            "",
+            f"![where Frugal wins](../{shown(args.grid_plot)})",
+            "",
+            f"Figure: `{REGENERATE}` (`--grid-framework-ms`, `--grid-scales` change its axes).",
+            "",
+        ]  # fmt: skip
+    if dlrm:
+        sd = doc["summary_dlrm"]
+        md += [
+            "## MLPerf-style DLRM (a second workload)",
+            "",
+            "TorchRec's DLRM over one table per field (26, dim 32; criteo-tb uncapped at 882,774,559 rows), 13 "
+            "dense features, pairwise interaction, row-wise Adagrad: what `--model dlrm` trains. Not the paper's "
+            f"benchmark. frugal / best stock {sd['ratio_min']:.2f}-{sd['ratio_max']:.2f}x, ahead in {sd['wins']} of "
+            f"{sd['compared']}.",
+            "",
+            comparison_markdown(dlrm, rtx),
+            "",
+        ]  # fmt: skip
+    md += [
+        f"## The design question: Frugal variants, priced but not built, where Frugal loses (on `{rtx.name}`)",
+        "",
+        "Frugal variants over the rows of table a where Frugal loses; `design_variants` in the script says what "
+        "each changes.",
         "",
         design_markdown(design),
         "",
-        "### b(i). Figure 3: all-to-all bandwidth, 3090 against A30 "
-        "(the bandwidth term of the model's all-to-all)",
+        "## b(i). Figure 3: all-to-all bandwidth, 3090 against A30 (the bandwidth term of the model's all-to-all)",
         "",
         a2a_markdown(a2a),
         "",
@@ -762,13 +1208,13 @@ def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
         f"{100 * PAPER_A2A_SHARE:.0f}% ({100 * head['relative_difference']:+.1f}%, "
         f"{'within' if head['within_25pct'] else 'not within'} 25%).",
         "",
-        f"### b(ii). Figure 3: throughput a HugeCTR-style system ({HUGECTR}) loses on 3090 against A30, "
+        f"## b(ii). Figure 3: throughput a HugeCTR-style system ({HUGECTR}) loses on 3090 against A30, "
         "equal GPU counts",
         "",
         "Loss = 1 - (3090 samples/s) / (A30 samples/s); negative: the 3090 is predicted faster.",
         "",
         hugectr_markdown(summary, rtx, a30),
-    ]
+    ]  # fmt: skip
     if a2a_top is not None:
         rel, ok = within(a2a_top["loss_all_to_all_only"], PAPER_MAX_LOSS)
         md += ["", f"Diagnostic, not the model's figure: the largest loss over the all-to-all terms alone is "
@@ -776,14 +1222,14 @@ def report(args: argparse.Namespace) -> Tuple[Dict[str, Any], str]:
                f"{a2a_top['batch_per_gpu']}; {100 * rel:+.1f}% against the paper's 37%, "
                f"{'within' if ok else 'not within'} 25%); over the whole step there the 3090 is predicted "
                f"{'faster' if a2a_top['loss'] < 0 else 'slower'} ({100 * a2a_top['loss']:+.1f}% loss)."]  # fmt: skip
-    md += ["", f"### b(ii), second variant: {HUGECTR_STYLE} (a C++ loop, dense layers on the tensor cores)", ""]
+    md += ["", f"## b(ii), second variant: {HUGECTR_STYLE} (a C++ loop, dense layers on the tensor cores)", ""]
     if variant is None:
         md.append(f"Not computed: no dense TF32 tensor-core peak is known here for `{rtx.name}` or `{a30.name}` "
                   f"(known: {', '.join(sorted(TF32_TENSOR_PEAK))}).")  # fmt: skip
     else:
         md += ["Only the fields below differ from the shipped profiles (built with `dataclasses.replace`); "
                "every other constant is as profiled.", "", hugectr_style_markdown(variant, summary, rtx, a30)]
-    return doc, "\n".join(md)
+    return doc, "\n".join(md) + "\n"
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -792,15 +1238,23 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--gpus", nargs="+", type=int, default=list(GPUS), help="RTX 3090s for table a")
     ap.add_argument("--batches", nargs="+", type=int, default=list(BATCH_SIZES), help="per-GPU batches for table a")
     ap.add_argument("--cache-ratios", nargs="+", type=float, default=list(CACHE_RATIOS))
-    ap.add_argument("--model", choices=("mlp", "dlrm"), default=MODEL, help="dense model (default: the paper's MLP)")
+    ap.add_argument("--model", choices=("paper", "dlrm"), default=MODEL, help="dense model (default: the paper's MLP)")
     ap.add_argument("--presample-steps", type=int, default=PRESAMPLE_STEPS,
                     help="batches per rank counted to pick Frugal's hot rows (0: the true hottest)")  # fmt: skip
     ap.add_argument("--hardware", default="rtx3090", help="the commodity box's profile")
     ap.add_argument("--datacenter", default="a30", help="the datacenter box's profile (Figure 3)")
-    ap.add_argument("--also", nargs="*", default=["rtx4090"], help="other commodity profiles for table a")
+    ap.add_argument("--also", nargs="*", default=[], help="other commodity profiles for table a (e.g. rtx4090)")
+    ap.add_argument("--no-dlrm", dest="dlrm", action="store_false", help="leave out the MLPerf-style DLRM table")
+    ap.add_argument("--no-sensitivity", dest="sensitivity", action="store_false", help="leave out the sensitivity table")
+    ap.add_argument("--no-grid", dest="grid", action="store_false", help="leave out the framework time x table size plot")
+    ap.add_argument("--grid-framework-ms", nargs="+", type=float, default=list(GRID_FRAMEWORK_MS))
+    ap.add_argument("--grid-scales", nargs="+", type=float, default=list(GRID_SCALES),
+                    help="table sizes of the plot, as scales of criteo-tb's capacity")
     ap.add_argument("--json", type=Path, default=RESULTS / "paper_setting.json")
     ap.add_argument("--plot", type=Path, default=RESULTS / "paper_setting.png")
+    ap.add_argument("--grid-plot", type=Path, default=RESULTS / "paper_setting_sensitivity.png")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--doc", type=Path, default=None, help="write the markdown page here (docs/paper_setting.md)")
     args = ap.parse_args(argv)
     if min(args.gpus) < 1 or min(args.batches) < 1:
         ap.error("--gpus and --batches must be >= 1")
@@ -814,10 +1268,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {shown(args.json)}")
+    if args.doc:
+        args.doc.write_text(md)
+        print(f"wrote {shown(args.doc)}")
     if not args.no_plot:
         variant = doc["hugectr_style_loss"]
         plot(args.plot, doc["comparison"], doc["hugectr_loss"]["points"], variant["points"] if variant else None)
         print(f"wrote {shown(args.plot)}")
+        if doc["framework_grid"] is not None:
+            plot_grid(args.grid_plot, doc["framework_grid"], 1e3 * load_profile(args.hardware).framework_step_s)
+            print(f"wrote {shown(args.grid_plot)}")
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Dict
 
 import pytest
 
-from torchrec_frugal.estimate.cost_model import LOOKAHEAD_CHOICES, TERMS, CostModel, Plan, predict_all
+from torchrec_frugal.estimate.cost_model import BOUNDS, LOOKAHEAD_CHOICES, TERMS, CostModel, Plan, bound, predict_all
 from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS
 from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload
 from torchrec_frugal.estimate.profiles import load_profile
@@ -35,7 +35,9 @@ def points():
 
 
 def _workload(r: Dict, presample_steps: int = PRESAMPLE_STEPS):
-    return dlrm_workload(r["config"], r["gpus"], r["batch_per_gpu"], 1.0, "mlp", presample_steps=presample_steps)
+    """The paper's model at the dataset's capacity, on the real data's ids (their tail covers the table)."""
+    return dlrm_workload(r["config"], r["gpus"], r["batch_per_gpu"], 1.0, "paper", presample_steps=presample_steps,
+                         real_data=True)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- a. the 3090 table
@@ -44,12 +46,25 @@ def test_the_table_has_one_row_per_config_gpus_batch_and_cache_ratio(rows):
     configs = ("avazu", "criteo-kaggle", "criteo-tb")
     assert keys == list(itertools.product(configs, (2, 4, 8), BATCH_SIZES, CACHE_RATIOS))
     assert len(rows) == 54 and all(r["frugal_fits"] for r in rows)
-    # Full criteo-tb (882.8M rows x (32 + 1) floats) fits no FUSED sharding on 2 or 4 GPUs of 24 GiB:
-    # there the best stock choice is TorchRec's offloading
-    assert all(r["stock"] is not None for r in rows)
-    for r in rows:
-        if r["config"] == "criteo-tb" and r["gpus"] in (2, 4):
-            assert ":fused_uvm" in r["stock"] and not r["stock_all"]["table_wise"]["fits"]
+    # The paper's one table: the authors' capacities, one table each
+    assert {r["config"]: r["rows"] for r in rows} == {"avazu": 9_449_206, "criteo-kaggle": 33_762_578,
+                                                      "criteo-tb": 73_391_341}  # fmt: skip
+    # criteo-tb's 73.4M rows x 32 floats (SGD: no state) are 8.7 GiB: table_wise fits every GPU count
+    assert all(r["stock"] is not None and r["stock_all"]["table_wise"]["fits"] for r in rows)
+    tb = next(r for r in rows if r["config"] == "criteo-tb" and r["gpus"] == 2)
+    assert tb["stock_all"]["table_wise"]["memory_gib_per_gpu"] == pytest.approx(73_391_341 * 128 / 2**30, rel=0.01)
+
+
+def test_each_row_names_the_bound_of_both_steps(rows):
+    cm = CostModel(RTX)
+    for r in rows[::7]:
+        w = _workload(r)
+        frugal = cm.predict(w, Plan("frugal", cache_ratio=r["cache_ratio"], lookahead=r["lookahead"]))
+        stock = predict_all(cm, w, shardings=(r["stock"],))[r["stock"]]
+        assert r["frugal_bound"] == bound(frugal).to_json() and r["stock_bound"] == bound(stock).to_json()
+        assert r["frugal_bound"]["name"] in BOUNDS and r["stock_bound"]["name"] in BOUNDS
+        # Frugal's threads beside the step are named: the exchange worker is the slowest of them here
+        assert r["frugal_bound"]["runner_up"] in ("exchange worker", "critical path")
 
 
 @pytest.mark.slow
@@ -120,7 +135,7 @@ def test_hugectr_loss_recomputed_with_the_cost_model(points):
         a2a = [c.terms["input_all_to_all"] + c.terms["output_all_to_all"] for c in (r, a)]
         assert p["loss_all_to_all_only"] == pytest.approx(1 - a2a[1] / a2a[0], rel=1e-9, abs=1e-12)
         assert p["fits"] == (r.fits and a.fits)
-    assert {(p["config"], p["gpus"]) for p in points if not p["fits"]} == {("criteo-tb", 2), ("criteo-tb", 4)}
+    assert all(p["fits"] for p in points)  # the paper's one table fits table_wise on 2 GPUs of either box
 
 
 def test_hugectr_summary_takes_the_largest_loss_of_the_points_that_fit(points):
@@ -150,7 +165,7 @@ def _largest_loss(m_rtx: CostModel, m_a30: CostModel):
     """(largest loss, its config, GPUs, batch) of table_wise over the sweep, points that fit only."""
     best = None
     for config, n, batch in itertools.product(("avazu", "criteo-kaggle", "criteo-tb"), (2, 4), ps.SWEEP_BATCHES):
-        w = dlrm_workload(config, n, batch, 1.0, "mlp", presample_steps=0)
+        w = dlrm_workload(config, n, batch, 1.0, "paper", presample_steps=0, real_data=True)
         r, a = m_rtx.predict(w, Plan("table_wise")), m_a30.predict(w, Plan("table_wise"))
         loss = 1 - r.samples_per_second / a.samples_per_second
         if r.fits and a.fits and (best is None or loss > best[0]):
@@ -223,7 +238,8 @@ def test_hugectr_style_ablation_and_sensitivity(hugectr_style, points):
 def test_no_variant_without_a_known_tf32_peak(tmp_path, capsys):
     js = tmp_path / "p.json"
     assert ps.main(["--configs", "avazu", "--gpus", "2", "--batches", "128", "--cache-ratios", "0.05",
-                    "--hardware", "rtx4090", "--json", str(js), "--no-plot"]) == 0  # fmt: skip
+                    "--hardware", "rtx4090", "--json", str(js), "--no-plot", "--no-dlrm", "--no-sensitivity",
+                    "--no-grid"]) == 0  # fmt: skip
     assert json.loads(js.read_text())["hugectr_style_loss"] is None
     assert "Not computed: no dense TF32 tensor-core peak" in capsys.readouterr().out
 
@@ -231,19 +247,34 @@ def test_no_variant_without_a_known_tf32_peak(tmp_path, capsys):
 # ---------------------------------------------------------------------------- the script and its outputs
 def test_main_writes_json_markdown_and_plot(tmp_path, capsys):
     js, png = tmp_path / "p.json", tmp_path / "p.png"
+    grid, page = tmp_path / "g.png", tmp_path / "page.md"
     assert ps.main(["--configs", "avazu", "--gpus", "2", "--batches", "128", "--cache-ratios", "0.05",
-                    "--json", str(js), "--plot", str(png)]) == 0  # fmt: skip
+                    "--json", str(js), "--plot", str(png), "--grid-plot", str(grid), "--doc", str(page), "--no-dlrm",
+                    "--no-sensitivity", "--grid-framework-ms", "1", "5", "--grid-scales", "0.1", "2"]) == 0  # fmt: skip
     doc = json.loads(js.read_text())
     assert doc["prediction"] is True and len(doc["comparison"]) == 1 and png.stat().st_size > 10_000
+    assert grid.stat().st_size > 10_000 and doc["framework_grid"]["framework_ms"] == [1.0, 5.0]
     out = capsys.readouterr().out
-    assert "PREDICTED" in out and "| avazu | 2 | 128 | 0.05 |" in out and "Figure 3" in out
+    assert "**prediction**" in out and "| avazu | 2 | 128 | 0.05 |" in out and "Figure 3" in out
     assert doc["hugectr_style_loss"]["variant"] == "HugeCTR-style" and "| HugeCTR-style | largest" in out
+    assert page.read_text() in out and "## Sensitivity" not in out and doc["sensitivity"] is None
+
+
+def _committed():
+    return json.loads((ROOT / "benchmarks" / "results" / "paper_setting.json").read_text())
 
 
 def test_the_committed_results_and_doc_agree():
-    doc = json.loads((ROOT / "benchmarks" / "results" / "paper_setting.json").read_text())
+    doc = _committed()
     text = (ROOT / "docs" / "paper_setting.md").read_text()
-    assert doc["prediction"] is True and len(doc["comparison"]) == 54
+    assert doc["prediction"] is True and len(doc["comparison"]) == 54 and doc["model"] == "paper"
+    assert len(doc["comparison_dlrm"]) == 54 and doc["real_data"] is True
+    assert doc["summary"] == ps.verdict_summary(doc["comparison"])
+    assert doc["readme"] == ps.readme_text(doc) and doc["readme"]["sentence"] in text
+    assert ps.sensitivity_markdown(doc["sensitivity"], doc["sensitivity_corners"]) in text
+    assert ps.comparison_markdown(doc["comparison"], RTX) in text
+    assert ps.comparison_markdown(doc["comparison_dlrm"], RTX) in text
+    assert {r["key"] for r in doc["sensitivity"]} == {a.key for a in ps.ASSUMPTIONS}
     for r in doc["comparison"]:
         if r["stock"] is not None:
             assert r["ratio"] == pytest.approx(r["frugal_samples_per_second"] / r["stock_samples_per_second"])
@@ -259,3 +290,64 @@ def test_the_committed_results_and_doc_agree():
     cells = [r["config"], r["gpus"], r["batch_per_gpu"], f"{r['cache_ratio']:g}", r["lookahead"],
              f"{r['frugal_samples_per_second']:,.0f}"]
     assert "| " + " | ".join(map(str, cells)) + " |" in text
+
+
+def test_readme_gpu_rows_are_the_committed_results():
+    """README's GPU-predicted rows and the sentence under the Results table come from the results."""
+    doc = _committed()
+    readme = (ROOT / "README.md").read_text()
+    predicted = [line for line in readme.splitlines() if "| GPU-predicted |" in line]
+    assert predicted == doc["readme"]["rows"]
+    assert doc["readme"]["sentence"] in readme.replace("\n", " ")
+
+
+# ---------------------------------------------------------------------------- sensitivity
+def test_assumptions_vary_only_their_fields():
+    hw = ps.assumed_profile(RTX)
+    for a in ps.ASSUMPTIONS:
+        assert a.low <= a.base(hw) <= a.high or a.kind == "data", a.key  # the profile lies in its range
+        for value in (a.low, a.high):
+            v = a.apply(hw, value)
+            changed = {f for f in dataclasses.asdict(hw) if getattr(hw, f) != getattr(v, f)}
+            assert changed <= set(a.fields), a.key
+    link = next(a for a in ps.ASSUMPTIONS if a.key == "host_link").apply(hw, 6.0)
+    assert link.h2d_bw == link.d2h_bw == 6e9 and link.host_write_bw == pytest.approx(hw.host_write_bw / 2)
+    assert link.host_read_sorted == [(r, bw / 2) for r, bw in hw.host_read_sorted]
+    ex = next(a for a in ps.ASSUMPTIONS if a.key == "exchange_worker").apply(hw, 2.4)
+    assert ex.exchange_row_s == pytest.approx(2.4 * hw.exchange_row_s)
+    assert load_profile("rtx3090") == RTX  # the profile file is not changed
+
+
+def test_sensitivity_ends_recomputed_with_the_cost_model():
+    kw = dict(configs=("criteo-tb",), gpus=(8,), batches=(1024,), cache_ratios=(0.05,))
+    base = ps.comparison(RTX, **kw)
+    picked = [a for a in ps.ASSUMPTIONS if a.key in ("framework_step_s", "collective_latency", "data_tail")]
+    sens = ps.sensitivity(RTX, base, picked, **kw)
+    for a, row in zip(picked, sens):
+        for end in ("low", "high"):
+            value = row[end]["value"]
+            hw = a.apply(ps.assumed_profile(RTX), value)
+            real = bool(value) if a.kind == "data" else True
+            w = dlrm_workload("criteo-tb", 8, 1024, 1.0, "paper", presample_steps=PRESAMPLE_STEPS, real_data=real)
+            cm = CostModel(hw)
+            fr = min((cm.predict(w, Plan("frugal", 0.05, L)) for L in LOOKAHEAD_CHOICES), key=lambda c: c.step_s)
+            stock = max((c.samples_per_second for c in predict_all(cm, w, shardings=ps.STOCK).values() if c.fits))
+            assert row[end]["headline"]["ratio"] == pytest.approx(fr.samples_per_second / stock, rel=2e-3)
+            assert row[end]["wins"] == int(row[end]["ratio_max"] > 1.0)
+    fw = sens[0]
+    assert fw["low"]["headline"]["ratio"] < fw["profile"] * 0 + base[0]["ratio"] < fw["high"]["headline"]["ratio"]
+
+
+def test_framework_grid_recomputed_with_the_cost_model():
+    g = ps.framework_grid(RTX, framework_ms=(0.0, 6.0), scales=(0.1, 3.0), panels=((8, 1024),))
+    assert g["rows"] == [7_339_135, 220_174_023]
+    r = g["panels"][0]["ratio"]
+    for i, scale in enumerate((0.1, 3.0)):
+        w = ps.scaled_workload("criteo-tb", 8, 1024, scale)
+        assert w.tables[0].rows == g["rows"][i] and w.tables[0].epoch_draws == 4_373_472_329 * 26
+        for j, f in enumerate((0.0, 6.0)):
+            cm = CostModel(dataclasses.replace(ps.assumed_profile(RTX), framework_step_s=f * 1e-3))
+            fr = min((cm.predict(w, Plan("frugal", 0.05, L)) for L in LOOKAHEAD_CHOICES), key=lambda c: c.step_s)
+            stock = max((c.samples_per_second for c in predict_all(cm, w, shardings=ps.STOCK).values() if c.fits))
+            assert r[i][j] == pytest.approx(fr.samples_per_second / stock, rel=2e-3)
+    assert r[0][0] < r[0][1]  # a longer framework step hides more of Frugal's extra work

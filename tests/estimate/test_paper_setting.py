@@ -335,7 +335,8 @@ def test_sensitivity_ends_recomputed_with_the_cost_model():
             assert row[end]["headline"]["ratio"] == pytest.approx(fr.samples_per_second / stock, rel=2e-3)
             assert row[end]["wins"] == int(row[end]["ratio_max"] > 1.0)
     fw = sens[0]
-    assert fw["low"]["headline"]["ratio"] < fw["profile"] * 0 + base[0]["ratio"] < fw["high"]["headline"]["ratio"]
+    # a longer framework step hides more of Frugal's extra work on the path
+    assert fw["low"]["headline"]["ratio"] < base[0]["ratio"] < fw["high"]["headline"]["ratio"]
 
 
 def test_framework_grid_recomputed_with_the_cost_model():

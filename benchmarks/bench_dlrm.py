@@ -28,6 +28,7 @@ variants at batch 128 and 1024 per rank), ``all``.
     python benchmarks/bench_dlrm.py --ablation all --json benchmarks/results/dlrm_ablations.json
     python benchmarks/bench_dlrm.py --convergence --json benchmarks/results/dlrm_convergence.json
     python benchmarks/plot_dlrm.py benchmarks/results/dlrm.json benchmarks/results/dlrm
+    python benchmarks/bench_dlrm.py --results benchmarks/results/paper_dlrm_*.json   # a row per result, runs nothing
 
 ``--model paper`` runs the authors' benchmark model (one table, MLP 32-512-256-1, MSE, SGD). Every
 table reports, per variant, the largest relative difference of a step's loss from a stock variant's
@@ -360,6 +361,35 @@ def goal_lines(variants: List[Dict[str, Any]], med: Dict[str, Dict[str, Any]]) -
     return out
 
 
+def results_table(paths: Sequence[Path]) -> str:
+    """One markdown row per recorded result (``--json`` of earlier invocations; runs nothing): its
+    config, model and batch, each variant's median samples/s, frugal / best stock (paired), the
+    largest per-step loss difference of frugal from stock and of the two stock shardings from each
+    other, and the machine's other load."""
+    lines = ["| config | model | batch/rank | steps | frugal samples/s | table_wise | row_wise | frugal / best stock (paired) "
+             "| loss vs stock, frugal (max rel, per step) | table_wise vs row_wise | other load | commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        med, cfg = d["medians"], d["config"]
+        fr = next((o for o in med.values() if is_default_frugal(o)), None)
+
+        def sps(i: str) -> str:
+            return f"{med[i]['samples_per_second']:,.0f}" if i in med and med[i]["runs"] else "-"
+
+        def rel(o: Optional[Dict[str, Any]]) -> str:
+            v = None if o is None else o.get("step_loss_rel_vs_stock")
+            return "-" if v is None or v != v else f"{v:.1e}"
+
+        lines.append(
+            f"| {cfg['config']} | {cfg.get('model', 'dlrm')} | {fr['batch_size'] if fr else cfg['batch_size']} "
+            f"| {d['variants'][0]['steps']} | {sps('frugal')} | {sps('table_wise')} | {sps('row_wise')} "
+            f"| {_x(fr['vs_best_stock_paired']) if fr else '-'} | {rel(fr)} | {rel(med.get('table_wise'))} "
+            f"| {_pct(d['machine_load']['foreign_cpu_share'])} | {d['train_commit'][:7]} |"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- driver
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -385,6 +415,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--fail-fast", action="store_true", help="stop at the first failed run")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
     ap.add_argument("--json", type=Path, help="write the configuration, every run's summary and the medians here")
+    ap.add_argument("--results", type=Path, nargs="+", metavar="JSON",
+                    help="run nothing: print one table row per recorded result (--json of earlier invocations)")
     args = ap.parse_args(argv)
     if args.repeats is None:
         args.repeats = 1 if args.convergence else 3
@@ -399,6 +431,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.results:
+        print(results_table(args.results))
+        return 0
     train_py = find_train_script(args.train or str(ROOT / "examples" / "dlrm" / "train.py"))
     variants, skipped = build_plan(args, train_py)
     order = schedule(len(variants), args.repeats)

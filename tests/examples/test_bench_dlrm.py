@@ -110,6 +110,19 @@ def test_step_loss_difference_against_stock_of_the_same_repetition():
     assert "| 4.0e-02 |" in bench.markdown_tables(vs, med, 2)
 
 
+def test_results_table_rows_from_recorded_results(tmp_path):
+    args, vs, runs, med, skipped = _fake_result(tmp_path)
+    data = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine_load": {"foreign_cpu_share": 0.03}, "train_commit": "abcdef0123", "variants": vs, "medians": med}  # fmt: skip
+    js = tmp_path / "r.json"
+    js.write_text(json.dumps(data))
+    table = bench.results_table([js, js]).splitlines()
+    assert len(table) == 4 and table[0].startswith("| config | model | batch/rank |")
+    paired = (30 / 20 + 34 / 22) / 2
+    assert table[2] == (f"| criteo-kaggle | dlrm | 1024 | 200 | 32,000 | 21,000 | 18,500 | {paired:.2f}x | - | - "
+                        "| 3.0% | abcdef0 |")  # fmt: skip
+
+
 def test_plot_from_json(tmp_path):
     pytest.importorskip("matplotlib")
     args, vs, runs, med, skipped = _fake_result(tmp_path)

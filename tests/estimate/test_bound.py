@@ -73,7 +73,7 @@ def test_estimate_names_both_bounds_of_the_papers_criteo_tb(capsys, tmp_path):
     assert main(["--model", "paper", "--config", "criteo-tb", "--scale", "1", "--gpus", "8", "--batch-size", "1024",
                  "--hardware", "rtx3090", "--json", str(out)]) == 0  # fmt: skip
     text = capsys.readouterr().out
-    assert "(1 tables, 73,391,341 rows, dim 32), paper" in text and "PCIe 3.0" in text
+    assert "(1 table, 73,391,341 rows, dim 32), paper" in text and "PCIe 3.0" in text
     lines = [x for x in text.splitlines() if x.startswith("- frugal (frugal): ") or x.startswith("- best stock (")]
     assert len(lines) == 2 and all(any(n in x for n in BOUNDS) for x in lines)
     doc = json.loads(out.read_text())

@@ -6,23 +6,28 @@
     python -m torchrec_frugal.estimate ... --json out.json --plot out.png
     python -m torchrec_frugal.estimate --calibrate my_machine.json [--base rtx3090] [--device cuda]
 
-Prints, for Frugal (frugal_row_wise across nodes) and TorchRec's table_wise, row_wise, table_row_wise
-and data_parallel shardings,
+Prints, for Frugal (frugal_row_wise across nodes), TorchRec's table_wise, row_wise, table_row_wise
+and data_parallel shardings and (on a GPU profile) its UVM offloading,
 the predicted samples/s, the step's terms (docs/cost_model.md), the recommended Frugal settings
 (cache ratio and lookahead of least predicted step time) and what bounds Frugal's step and the best
 stock choice's (:func:`.cost_model.bound`). Every figure is a prediction of the cost
 model on a hardware profile (shipped: cpu, h200, rtx3090, rtx4090, a30; or a JSON file of your own).
+By default one row per choice (step, samples/s, whether it fits, what bounds it); ``--terms`` adds
+the step term by term and the memory of every choice.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import re
 import sys
+import textwrap
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .cost_model import FRUGAL_KINDS, TERMS, Bound, CostModel, CostTable, DenseModel, Plan, StepCost, Workload, frugal_kind, frugal_offered, bound, predict_all, recommend_frugal, shardings_for
-from ..datasets import CACHE_RATIO, DATASETS, LOOKAHEAD, MODEL_KINDS, DatasetConfig, ModelConfig, SkewConfig, dataset_for
+from ..datasets import CACHE_RATIO, DATASETS, LOOKAHEAD, MODEL_KINDS, PAPER_DATASETS, DatasetConfig, ModelConfig, SkewConfig, dataset_for
 from .profiles import HardwareProfile, ProfileError, builtin_profiles, load_profile
 
 PRESAMPLE_STEPS = 50  # examples/dlrm/train.py --presample-steps: batches per rank counted for the hot rows
@@ -114,6 +119,35 @@ def breakdown_table(costs: Dict[str, StepCost]) -> str:
     return "\n".join(lines)
 
 
+WIDTH = 100
+"""Columns of the default output: every line of it fits (the full term table is ``--terms``)."""
+TIE = 0.02
+"""Predictions within this share of each other read as a tie: the model's own error is larger
+(docs/cost_model.md: median 5.8% against measured runs), so "1.01x faster" would claim too much."""
+
+
+def speed_ratio(a: StepCost, b: StepCost) -> float:
+    """``a``'s predicted samples/s over ``b``'s."""
+    return a.samples_per_second / b.samples_per_second
+
+
+def is_tie(ratio: float) -> bool:
+    """Whether two predictions whose samples/s have this ratio are within :data:`TIE` of each other."""
+    return abs(ratio - 1.0) <= TIE * max(ratio, 1.0)
+
+
+def ratio_text(ratio: float) -> str:
+    """``ratio`` as the output prints it: "tie" within :data:`TIE`, else "1.23x"."""
+    return "tie" if is_tie(ratio) else f"{ratio:.2f}x"
+
+
+def wrap(text: str, indent: str = "") -> str:
+    """``text`` in lines of at most :data:`WIDTH` columns, continuation lines indented by ``indent``."""
+    glued = re.sub(r"(\d) (ms|GiB|MB|samples/s)\b", "\\1\u00a0\\2", text)  # a number stays with its unit
+    return textwrap.fill(glued, WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False).replace("\u00a0", " ")
+
+
 def bound_lines(costs: Dict[str, StepCost], kind: str) -> Dict[str, Tuple[str, Bound]]:
     """What bounds Frugal's step and the best stock choice's (the fastest that fits; the fastest if
     none fits): {"frugal" / "best stock": (sharding, bound)}."""
@@ -126,6 +160,23 @@ def bound_lines(costs: Dict[str, StepCost], kind: str) -> Dict[str, Tuple[str, B
 def best_sharding(costs: Dict[str, StepCost]) -> str:
     fitting = [n for n, c in costs.items() if c.fits] or list(costs)
     return max(fitting, key=lambda n: costs[n].samples_per_second)
+
+
+def choice_table(costs: Dict[str, StepCost], kind: str) -> str:
+    """The default table, one row per choice: step, samples/s, samples/s against Frugal's (``kind``),
+    whether it fits and what bounds its step. Narrow enough for a terminal (:data:`WIDTH`), unlike
+    :func:`breakdown_table`, whose columns are the choices."""
+    head = ("sharding", "step ms", "samples/s", "vs Frugal", "fits", "what bounds the step")
+    rows = [head]
+    for n, c in costs.items():
+        vs = "-" if n == kind else ratio_text(speed_ratio(c, costs[kind]))
+        rows.append((n, f"{1e3 * c.step_s:.3f}", f"{c.samples_per_second:,.0f}", vs, "yes" if c.fits else "no", bound(c).name))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = []
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [r[i].rjust(widths[i]) for i in range(1, 4)] + [r[4].center(widths[4]), r[5]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
 
 
 TERM_HELP = {
@@ -148,48 +199,80 @@ TERM_HELP = {
     "contention": "waiting for shared devices or host cores beyond the rank's own path",
 }
 
+DATASET_TEXT = {
+    "avazu": "Avazu's",
+    "criteo-kaggle": "Criteo Kaggle's",
+    "criteo-tb": "Criteo 1TB's",
+}
+"""How the scale help names each dataset of :data:`DATASETS`."""
 
-def size_text(config: str, scale: Optional[float], rows: int) -> str:
-    s = DATASETS[config].default_scale if scale is None else scale
+
+def default_scale_text() -> str:
+    """``--help``'s lines on each config's default scale and what it means, for either model: the
+    share of which real table(s) and the rows it gives (why: "scale 0.004" alone does not say that
+    the default criteo-tb is 3.5M rows, not the 883M of the real logs)."""
+    lines = ["default --scale of each --config (1: the real row counts; no table is scaled below 1,000 rows):"]
+    for name in sorted(DATASETS):
+        ds, paper = DATASETS[name], PAPER_DATASETS[name]
+        lines.append(f"  {name}:")
+        lines.append(f"    --model dlrm:  {ds.default_scale:g} of {DATASET_TEXT.get(name, name)} {ds.total_rows:,} rows "
+                     f"({ds.num_sparse} tables): {sum(ds.rows()):,} rows")  # fmt: skip
+        lines.append(f"    --model paper: {paper.default_scale:g} of the authors' {paper.total_rows:,}-row table: "
+                     f"{sum(paper.rows()):,} rows")  # fmt: skip
+    return "\n".join(lines)
+
+
+def size_text(config: str, scale: Optional[float], rows: int, model: str = "dlrm") -> str:
+    s = dataset_for(config, model).default_scale if scale is None else scale
     return "at full size" if s >= 1.0 else f"at scale {s:g} ({rows:,} rows)"
 
 
 def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCost], hw: HardwareProfile,
             rows: int) -> str:
-    """One line: the fastest choice that fits against Frugal, and where Frugal is predicted faster
-    (among the rank counts where the planner offers it, :func:`frugal_offered`)."""
+    """One paragraph: the fastest choice that fits against Frugal, and where Frugal is predicted
+    faster (among the rank counts where the planner offers it, :func:`frugal_offered`); within
+    :data:`TIE` it is a tie, not a win either way."""
     kind = frugal_kind(args.nodes)
     where = f"{args.nodes} nodes x {args.gpus}" if args.nodes > 1 else f"{args.gpus}x"
-    head = f"on {where} {hw.name}, {args.config} {size_text(args.config, args.scale, rows)}, batch {args.batch_size}"
+    head = f"on {where} {hw.name}, {args.config} {size_text(args.config, args.scale, rows, args.model)}, batch {args.batch_size}"
     fr = costs[kind]
     stock = {n: c for n, c in costs.items() if n not in FRUGAL_KINDS and c.fits}
     if not stock:
         return f"{head}: no stock choice fits; Frugal {'fits' if fr.fits else 'does not fit either'}"
     best = max(stock, key=lambda n: stock[n].samples_per_second)
-    ratio = stock[best].samples_per_second / fr.samples_per_second
+    ratio = speed_ratio(stock[best], fr)
     if not frugal_offered(hw, args.gpus * args.nodes):
         line = (f"{head}: {best} is the fastest stock choice; the planner does not offer Frugal to one rank whose device is host memory "
                 "(no peer, no link: nothing to save; measured slower than stock, docs/cost_model.md)")
     elif not fr.fits:
         line = f"{head}: {best} fits and Frugal does not"
-    elif ratio >= 1.0:
+    elif is_tie(ratio):
+        line = (f"{head}: {best}, the fastest stock choice that fits, is predicted within {100 * TIE:g}% of Frugal, a tie "
+                f"({stock[best].samples_per_second:,.0f} against {fr.samples_per_second:,.0f} samples/s)")
+    elif ratio > 1.0:
         line = f"{head}: {best} fits and is predicted {ratio:.2f}x faster than Frugal"
     else:
         line = f"{head}: Frugal is predicted {1 / ratio:.2f}x faster than the best stock choice ({best})"
-    wins = []
-    for n in sorted({1, 2, 4, 8} | {args.gpus}):
-        if not frugal_offered(hw, n * args.nodes):
+    wins, ties = [], []
+    counts = [n for n in sorted({1, 2, 4, 8} | {args.gpus}) if frugal_offered(hw, n * args.nodes)]
+    for n in counts:
+        c = costs if n == args.gpus else predict_all(model, workload(args, n), _fixed_frugal(args))
+        st = [x for k, x in c.items() if k not in FRUGAL_KINDS and x.fits]
+        if not c[kind].fits:
             continue
-        if n == args.gpus:
-            c = costs
-        else:
-            c = predict_all(model, workload(args, n), _fixed_frugal(args))
-        st = [x.samples_per_second for k, x in c.items() if k not in FRUGAL_KINDS and x.fits]
-        if c[kind].fits and (not st or c[kind].samples_per_second > max(st)):
+        if not st:
+            wins.append(str(n))
+            continue
+        r = speed_ratio(c[kind], max(st, key=lambda x: x.samples_per_second))
+        if is_tie(r):
+            ties.append(str(n))
+        elif r > 1.0:
             wins.append(str(n))
     unit = "ranks per node" if args.nodes > 1 else "GPUs"
-    return line + ("; Frugal is predicted faster at " + ", ".join(wins) + f" {unit} (same batch per rank)"
-                   if wins else f"; Frugal is predicted faster at none of 1, 2, 4, 8 {unit} at this batch")
+    tied = f"within {100 * TIE:g}% (a tie) at " + ", ".join(ties) if ties else ""
+    if wins:
+        return line + "; Frugal is predicted faster at " + ", ".join(wins) + f" {unit}" + (f" and {tied}" if ties else "") + " (same batch per rank)"
+    return line + f"; Frugal is predicted faster at none of {', '.join(map(str, counts))} {unit} at this batch" + (f", {tied}" if ties else "")
 
 
 def workload(args: argparse.Namespace, gpus: int) -> Workload:
@@ -236,103 +319,164 @@ def _fixed_frugal(args: argparse.Namespace) -> Optional[Plan]:
                 lookahead=LOOKAHEAD if args.lookahead is None else args.lookahead)  # fmt: skip
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m torchrec_frugal.estimate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle")
-    ap.add_argument("--scale", type=float, default=None, help="row-count scale (default: the config's; 1 = the real dataset)")
-    ap.add_argument("--gpus", type=int, default=8, help="ranks per node (GPUs, or CPU ranks on the cpu profile)")
-    ap.add_argument("--nodes", type=int, default=1, help="machines, --gpus each; across nodes Frugal is frugal_row_wise "
-                    "and the profile's network_bw prices what crosses the network")
-    ap.add_argument("--batch-size", type=int, default=1024, help="per rank")
-    ap.add_argument("--hardware", default="rtx3090", help=f"a profile name ({', '.join(builtin_profiles())}) or a JSON file")
-    ap.add_argument("--model", choices=MODEL_KINDS, default="dlrm",
-                    help="dlrm: TorchRec's DLRM over one table per field; paper: the authors' benchmark, one table, MLP 32-512-256-1")
-    ap.add_argument("--cache-ratio", type=float, default=None, help="frugal: fix the cache ratio (default: recommend one)")
-    ap.add_argument("--lookahead", type=int, default=None, help="frugal: fix L (default: recommend one)")
-    ap.add_argument("--presample-steps", type=int, default=PRESAMPLE_STEPS,
-                    help="batches per rank counted to pick the hot rows (0: the true hottest rows)")
+Number = Union[int, float]
+
+
+def bounded(kind: Callable[[str], Number], low: Number, high: Optional[Number] = None,
+            low_open: bool = False) -> Callable[[str], Number]:
+    """An argparse ``type``: a ``kind`` number in [low, high] (``low_open``: (low, high]); a bad value
+    becomes argparse's one-line error naming the range, not a traceback from deep in the model."""
+    rng = ("in " + ("(" if low_open else "[") + f"{low:g}, {high:g}]" if high is not None
+           else (">" if low_open else ">=") + f" {low:g}")
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> Number:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} {rng}, got {text!r}") from None
+        if v != v or (v <= low if low_open else v < low) or (high is not None and v > high):
+            raise argparse.ArgumentTypeError(f"expected {what} {rng}, got {text}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+USAGE = "%(prog)s [-h] [--config NAME] [--hardware PROFILE] [options]"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line; ``--help`` ends with what each config's default scale means."""
+    ap = argparse.ArgumentParser(prog="python -m torchrec_frugal.estimate", usage=USAGE, description=__doc__,
+                                 epilog=default_scale_text(), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle", metavar="NAME",
+                    help=f"the dataset's tables: {', '.join(sorted(DATASETS))} (default: criteo-kaggle)")
+    ap.add_argument("--scale", type=bounded(float, 0.0, 1.0, low_open=True), default=None, metavar="S",
+                    help="row-count scale in (0, 1]; 1: the real dataset (default: the config's, listed below)")
+    ap.add_argument("--gpus", type=bounded(int, 1), default=8, metavar="N",
+                    help="ranks per node (GPUs, or CPU ranks on the cpu profile; default 8)")
+    ap.add_argument("--nodes", type=bounded(int, 1), default=1, metavar="N",
+                    help="machines, --gpus each; across nodes Frugal is frugal_row_wise and the profile's "
+                         "network_bw prices what crosses the network (default 1)")  # fmt: skip
+    ap.add_argument("--batch-size", type=bounded(int, 1), default=1024, metavar="B", help="per rank (default 1024)")
+    ap.add_argument("--hardware", default="rtx3090", metavar="PROFILE",
+                    help=f"a profile name ({', '.join(builtin_profiles())}) or a JSON file (default rtx3090)")
+    ap.add_argument("--model", choices=MODEL_KINDS, default="dlrm", metavar="KIND",
+                    help="dlrm (default): TorchRec's DLRM over one table per field; paper: the authors' benchmark, "
+                         "one table, MLP 32-512-256-1")  # fmt: skip
+    ap.add_argument("--cache-ratio", type=bounded(float, 0.0, 1.0), default=None, metavar="R",
+                    help="frugal: fix the share of rows each rank caches, in [0, 1] (default: recommend one)")
+    ap.add_argument("--lookahead", type=bounded(int, 0), default=None, metavar="L",
+                    help="frugal: fix the lookahead L >= 0 (default: recommend one)")
+    ap.add_argument("--presample-steps", type=bounded(int, 0), default=PRESAMPLE_STEPS, metavar="N",
+                    help=f"batches per rank counted to pick the hot rows; 0: the true hottest rows (default {PRESAMPLE_STEPS})")
     ap.add_argument("--synthetic", action="store_true",
                     help="price the example's synthetic Zipf ids alone (default: the real data, whose tail reads every row once an epoch)")
+    ap.add_argument("--terms", action="store_true",
+                    help="also print every choice's step term by term, its memory, and what each term means")
     ap.add_argument("--json", type=Path, help="write the prediction here")
-    ap.add_argument("--plot", type=Path, help="draw predicted samples/s against GPU count here (PNG)")
+    ap.add_argument("--plot", type=Path, help="draw predicted samples/s against GPU count here (PNG; needs matplotlib)")
     ap.add_argument("--calibrate", type=Path, metavar="PATH", help="measure this machine and write its profile to PATH")
     ap.add_argument("--base", default=None, help="--calibrate: profile for what cannot be measured (default: cpu, or h200 with --device cuda)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--calibrate: the device ranks train on")
+    return ap
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, ap: Optional[argparse.ArgumentParser] = None) -> argparse.Namespace:
+    """Parse and check the command line (with ``ap``, default :func:`parser`): a bad value exits
+    with the usage line, one ``error:`` line and status 2, before anything is computed.
+    ``args.profile``: the loaded profile (``--hardware``, or with ``--calibrate`` the base)."""
+    ap = ap or parser()
     args = ap.parse_args(argv)
-    if args.gpus < 1 or args.batch_size < 1 or args.nodes < 1:
-        ap.error("--gpus, --nodes and --batch-size must be >= 1")
+    try:
+        if args.calibrate:
+            args.profile = load_profile(args.base or ("h200" if args.device == "cuda" else "cpu"))
+        else:
+            args.profile = load_profile(args.hardware)
+    except ProfileError as e:
+        ap.error(f"--{'base' if args.calibrate else 'hardware'}: {e}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        ap.error("--plot needs matplotlib (pip install matplotlib)")
     return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    try:
-        if args.calibrate:
-            from .calibrate import calibrate
+    ap = parser()
+    args = parse_args(argv, ap)
+    hw = args.profile
+    if args.calibrate:
+        from .calibrate import calibrate
 
-            base = load_profile(args.base or ("h200" if args.device == "cuda" else "cpu"))
-            calibrate(str(args.calibrate), base, args.calibrate.stem, args.device)
-            return 0
-        hw = load_profile(args.hardware)
-    except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        calibrate(str(args.calibrate), hw, args.calibrate.stem, args.device)
+        return 0
     w = workload(args, args.gpus)
     model = CostModel(hw)
     fixed = _fixed_frugal(args)
     try:
         costs = predict_all(model, w, fixed)
     except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        ap.error(f"--hardware: {e}")
+    kind = frugal_kind(args.nodes)
     plan = fixed or recommend_frugal(model, w)[0]
     rows = sum(t.rows for t in w.tables)
     best = best_sharding(costs)
     where = f"{args.nodes} nodes x {args.gpus} ranks" if args.nodes > 1 else f"{args.gpus} ranks"
-    head = (f"{args.config} ({len(w.tables)} tables, {rows:,} rows, dim {w.tables[0].dim}), {args.model}, "
+    n_tables = f"{len(w.tables)} table{'s' if len(w.tables) > 1 else ''}"
+    head = (f"{args.config} ({n_tables}, {rows:,} rows, dim {w.tables[0].dim}), {args.model}, "
             f"{where} x batch {args.batch_size} on {hw.name}: {hw.description}")  # fmt: skip
-    print(verdict(model, args, costs, hw, rows))
-    print("\n" + head + "\n\nPREDICTED by the cost model (docs/cost_model.md), not measured:\n")
-    print(breakdown_table(costs))
-    print("\nterms:")
-    used = [t for t in TERMS if any(c.terms[t] > 0 for c in costs.values())]
-    for t in used:
-        print(f"- {t}: {TERM_HELP[t]}")
-    fr = costs[frugal_kind(args.nodes)]
-    print(f"\n{frugal_kind(args.nodes)} settings: cache ratio {plan.cache_ratio:g}, lookahead L={plan.lookahead}"
-          + (" (fixed)" if fixed else " (recommended: least predicted step time)")
-          + f"; predicted cache hits {100 * fr.details['cache_hit_ratio']:.1f}%, "
-          f"{fr.details['host_rows_per_rank']:,.0f} host rows per rank and step; beside the step: planner thread "
-          f"{fr.details.get('planner_thread_ms', 0.0):.3f} ms, exchange worker {fr.details.get('exchange_worker_ms', 0.0):.3f} ms, "
-          f"flushers {fr.details.get('flushers_ms', 0.0):.3f} ms per step")  # fmt: skip
+    print(wrap(verdict(model, args, costs, hw, rows)))
+    print("\n" + wrap(head) + "\n\nPREDICTED by the cost model (docs/cost_model.md), not measured:\n")
+    print(choice_table(costs, kind))
+    print(wrap(f"vs Frugal: samples/s over {kind}'s; within {100 * TIE:g}% reads as a tie. "
+               + ("Term by term below." if args.terms else "--terms: every choice's step term by term and its memory.")))
+    if args.terms:
+        print("\n" + breakdown_table(costs))
+        print("\nterms:")
+        used = [t for t in TERMS if any(c.terms[t] > 0 for c in costs.values())]
+        for t in used:
+            print(wrap(f"- {t}: {TERM_HELP[t]}", "  "))
+    fr = costs[kind]
+    print("\n" + wrap(
+        f"{kind} settings: cache ratio {plan.cache_ratio:g}, lookahead L={plan.lookahead}"
+        + (" (fixed)" if fixed else " (recommended: least predicted step time)")
+        + f"; predicted cache hits {100 * fr.details['cache_hit_ratio']:.1f}%, "
+        f"{fr.details['host_rows_per_rank']:,.0f} host rows per rank and step; beside the step: planner thread "
+        f"{fr.details.get('planner_thread_ms', 0.0):.3f} ms, exchange worker {fr.details.get('exchange_worker_ms', 0.0):.3f} ms, "
+        f"flushers {fr.details.get('flushers_ms', 0.0):.3f} ms per step"))  # fmt: skip
     if args.nodes > 1:
-        print("embedding bytes between nodes per step (all ranks): " + ", ".join(
-            f"{n} {c.details['embedding_bytes_between_nodes_per_step'] / 1e6:,.1f} MB" for n, c in costs.items()))  # fmt: skip
+        print(wrap("embedding bytes between nodes per step (all ranks): " + ", ".join(
+            f"{n} {c.details['embedding_bytes_between_nodes_per_step'] / 1e6:,.1f} MB" for n, c in costs.items()), "  "))  # fmt: skip
     for n, c in costs.items():
         if "uvm_load_factor" in c.details:
             print(f"{n}: cache_load_factor {c.details['uvm_load_factor']:g} (recommended)")
-    print(f"fastest predicted sharding that fits: {best} ({costs[best].samples_per_second:,.0f} samples/s)")
-    bounds = bound_lines(costs, frugal_kind(args.nodes))
+    tie = best != kind and is_tie(speed_ratio(costs[best], fr)) and fr.fits
+    print(wrap(f"fastest predicted sharding that fits: {best} ({costs[best].samples_per_second:,.0f} samples/s)"
+               + (f"; Frugal is within {100 * TIE:g}% of it, a tie" if tie else "")))
+    bounds = bound_lines(costs, kind)
     print("\nwhat bounds the step (docs/cost_model.md, \"What bounds a step\"):")
     for side, (name, b) in bounds.items():
-        print(f"- {side} ({name}): {b.text()}")
-    if args.json:
-        doc = {
-            "prediction": True,
-            "config": args.config, "scale": args.scale, "model": args.model, "gpus": args.gpus, "nodes": args.nodes,
-            "batch_size": args.batch_size, "hardware": hw.name, "rows": rows,
-            "recommended": {"sharding": best, "cache_ratio": plan.cache_ratio, "lookahead": plan.lookahead},
-            "real_data": not args.synthetic,
-            "bounds": {side: {"sharding": name, **b.to_json()} for side, (name, b) in bounds.items()},
-            "shardings": {n: {**c.to_json(), "terms": {k: v for k, v in c.terms.items()}} for n, c in costs.items()},
-        }  # fmt: skip
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {args.json}")
-    if args.plot:
-        counts = sorted(set(GPU_COUNTS) | {args.gpus})
-        plot(args.plot, counts, scaling(hw, args, counts), head.split(": ")[0] + " (predicted)", args.nodes)
-        print(f"wrote {args.plot}")
+        print(wrap(f"- {side} ({name}): {b.text()}", "  "))
+    try:
+        if args.json:
+            doc = {
+                "prediction": True,
+                "config": args.config, "scale": args.scale, "model": args.model, "gpus": args.gpus, "nodes": args.nodes,
+                "batch_size": args.batch_size, "hardware": hw.name, "rows": rows,
+                "recommended": {"sharding": best, "cache_ratio": plan.cache_ratio, "lookahead": plan.lookahead},
+                "real_data": not args.synthetic,
+                "bounds": {side: {"sharding": name, **b.to_json()} for side, (name, b) in bounds.items()},
+                "shardings": {n: {**c.to_json(), "terms": {k: v for k, v in c.terms.items()}} for n, c in costs.items()},
+            }  # fmt: skip
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"wrote {args.json}")
+        if args.plot:
+            counts = sorted(set(GPU_COUNTS) | {args.gpus})
+            plot(args.plot, counts, scaling(hw, args, counts), head.split(": ")[0] + " (predicted)", args.nodes)
+            print(f"wrote {args.plot}")
+    except OSError as e:
+        ap.error(f"cannot write {e.filename}: {e.strerror}")
     return 0
 
 

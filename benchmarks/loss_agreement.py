@@ -8,6 +8,8 @@ stock table_wise from initial tables 1e-7 (relative) away from the others'.
 
     python benchmarks/loss_agreement.py --steps 60 --variants table_wise row_wise frugal table_wise_perturbed
     python benchmarks/loss_agreement.py --steps 60 --variants table_wise frugal table_wise_perturbed --extra --embedding-lr 0.005
+    python benchmarks/loss_agreement.py --steps 300 --variants table_wise row_wise data_parallel frugal \
+        --out benchmarks/results/loss_agreement_paper.json --extra --model paper --scale 0.05
 """
 from __future__ import annotations
 
@@ -29,16 +31,20 @@ VARIANTS = {
     "table_wise": ["--sharder", "torchrec", "--sharding", "table_wise"],
     "row_wise": ["--sharder", "torchrec", "--sharding", "row_wise"],
     "frugal": ["--sharder", "frugal"],
+    # every rank's gradients summed on the rank, then over ranks (all-reduce), as Frugal's owners sum them
+    "data_parallel": ["--sharder", "torchrec", "--sharding", "data_parallel"],
     # stock against itself, its initial tables 1e-7 apart: how far the model carries a rounding-sized difference
     "table_wise_perturbed": ["--sharder", "torchrec", "--sharding", "table_wise", "--init-perturbation", "1e-7"],
 }
 
 
 def agreement(a: np.ndarray, b: np.ndarray, tol: float) -> Dict[str, object]:
-    """First step where |a - b| > tol (None if none) and the largest |a - b|."""
+    """First step where |a - b| > tol (None if none), the largest |a - b| and the largest |a - b| / |b|."""
     d = np.abs(a - b)
     over = np.flatnonzero(d > tol)
-    return {"first_step_over_tol": int(over[0]) if over.size else None, "max_abs": float(d.max()) if d.size else 0.0}
+    rel = d / np.maximum(np.abs(b), 1e-30)
+    return {"first_step_over_tol": int(over[0]) if over.size else None, "max_abs": float(d.max()) if d.size else 0.0,
+            "max_rel": float(rel.max()) if rel.size else 0.0, "max_rel_step": int(rel.argmax()) if rel.size else None}
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -58,7 +64,8 @@ def main(argv: List[str] | None = None) -> None:
     losses = {v: np.array(run_train(train_py, [*VARIANTS[v], *common], nproc=args.nproc, threads=1)["step_losses"]) for v in args.variants}
     pairs = {f"{a} / {b}": agreement(losses[a], losses[b], args.tol) for a, b in itertools.combinations(args.variants, 2)}
     for name, r in pairs.items():
-        print(f"{name}: first step differing by more than {args.tol:g}: {r['first_step_over_tol']}; largest difference {r['max_abs']:.3g}")
+        print(f"{name}: first step differing by more than {args.tol:g}: {r['first_step_over_tol']}; largest difference "
+              f"{r['max_abs']:.3g} ({r['max_rel']:.3g} relative, step {r['max_rel_step']})")
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "losses": {k: v.tolist() for k, v in losses.items()}, "pairs": pairs}, indent=1))
 

@@ -10,10 +10,11 @@ from benchmark_modules import load_benchmark
 def test_agreement_finds_the_first_step_apart_and_the_largest_difference() -> None:
     la = load_benchmark("loss_agreement")
     a = np.array([0.7, 0.6, 0.5, 0.4])
-    assert la.agreement(a, a.copy(), 1e-5) == {"first_step_over_tol": None, "max_abs": 0.0}
+    assert la.agreement(a, a.copy(), 1e-5) == {"first_step_over_tol": None, "max_abs": 0.0, "max_rel": 0.0, "max_rel_step": 0}
     b = a + np.array([0.0, 1e-6, 3e-5, 2e-3])
     r = la.agreement(a, b, 1e-5)
     assert r["first_step_over_tol"] == 2 and abs(r["max_abs"] - 2e-3) < 1e-12
+    assert r["max_rel_step"] == 3 and abs(r["max_rel"] - 2e-3 / 0.402) < 1e-12
 
 
 def test_a_perturbed_init_is_the_same_table_times_one_plus_or_minus_epsilon() -> None:

@@ -3,11 +3,14 @@
 Runs ``examples/dlrm/train.py`` under torchrun on one configuration and data (the default one:
 criteo-kaggle shape at scale 0.1, embedding dim 32, batch 1024 per rank), alternately with
 ``--sharder frugal`` and ``--sharder torchrec --sharding table_wise`` (frugal, stock, frugal, stock:
-``--repeats`` of each), then prints the median samples/s of each and, beside it, how far their
-per-step losses differ. Both sharders start from the same tables (train.py draws every table from
-its seed, whatever the sharding) and see the same batches, so an exact Frugal trains the very
-model stock TorchRec trains: the losses differ only by float summation order. About 2-3 minutes
-on a 2-core machine.
+``--repeats`` of each), then prints the median samples/s of each, after how busy the rest of the
+machine was, and how far their per-step losses differ. Both sharders start from the same tables
+(train.py draws every table from its seed, whatever the sharding) and see the same batches, so an
+exact Frugal trains the very model stock TorchRec trains: the losses differ only by float summation
+order. Two controls on the same steps say what that looks like: stock ``row_wise``, which sums each
+row's gradients in table_wise's order, and stock table_wise from initial tables 1e-7 (relative)
+apart, a rounding-sized start; the last table_wise run of the speed comparison is that one (same
+work), so the controls cost one run. About 3 minutes on a 2-core machine.
 
     python examples/demo.py                 # what `make demo` does
     python examples/demo.py --steps 40      # a quicker look
@@ -20,7 +23,7 @@ It lives beside the examples it runs, not in the installed package, which has no
 
 ``run_train`` (run a train.py under torchrun, return its ``--summary`` JSON plus wall time and the
 machine's other load) is also what the benchmarks and the example tests run the examples with;
-``compare`` and ``loss_agreement`` are the demo's comparison.
+``compare``, ``loss_agreement`` and ``report`` are the demo's comparison.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -242,6 +246,17 @@ SHARDERS = {
     "frugal": ("Frugal (cache 0.05, L=10)", ["--sharder", "frugal"]),
     "torchrec": ("TorchRec table_wise", ["--sharder", "torchrec", "--sharding", "table_wise"]),
 }
+"""The speed comparison: each is run ``repeats`` times, alternately."""
+PERTURBATION = "1e-7"
+CONTROLS = {
+    "row_wise": ("TorchRec row_wise (control)", ["--sharder", "torchrec", "--sharding", "row_wise"]),
+    "perturbed": (f"TorchRec table_wise, tables {PERTURBATION} apart (control)",
+                  ["--sharder", "torchrec", "--sharding", "table_wise", "--init-perturbation", PERTURBATION]),
+}
+"""The exactness controls, each compared step by step with stock table_wise: another stock sharding
+(row_wise), and stock table_wise itself from initial tables ``PERTURBATION`` (relative) apart,
+which shows how far this model carries a rounding-sized difference. Why both: a loss difference
+alone does not say whether it is rounding; these say what rounding looks like on the same steps."""
 
 
 def loss_agreement(
@@ -283,6 +298,27 @@ def _median(xs: Sequence[float]) -> float:
     return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
 
 
+def run_order(repeats: int, controls: Sequence[str] = ()) -> List[str]:
+    """The runs of :func:`compare` in order, as keys of :data:`SHARDERS` and :data:`CONTROLS`: frugal
+    and stock table_wise alternate, ``repeats`` of each; the row_wise control follows the first pair.
+    The perturbed control does a table_wise run's work, so with two or more repeats it is the last
+    table_wise run (a control that costs no run), else it runs last."""
+    unknown = set(controls) - set(CONTROLS)
+    if unknown:
+        raise ValueError(f"unknown control(s) {sorted(unknown)}; choose from {sorted(CONTROLS)}")
+    order: List[str] = []
+    for i in range(repeats):
+        order += list(SHARDERS)
+        if i == 0 and "row_wise" in controls:
+            order.append("row_wise")
+    if "perturbed" in controls:
+        if repeats >= 2:
+            order[max(i for i, k in enumerate(order) if k == "torchrec")] = "perturbed"
+        else:
+            order.append("perturbed")
+    return order
+
+
 def compare(
     train_py: Path,
     args: Sequence[str],
@@ -292,74 +328,148 @@ def compare(
     echo: Optional[Callable[[str], None]] = None,
     say: Callable[[str], None] = lambda line: None,
     timeout_s: float = 900.0,
+    controls: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Run train.py ``*args`` with each sharder of :data:`SHARDERS`, alternately (frugal, stock,
-    frugal, stock, ...; ``repeats`` runs of each), and return ``runs`` (sharder -> its summaries in
-    run order), ``samples_per_second`` (sharder -> the median) and ``agreement``
-    (:func:`loss_agreement` of the frugal runs against the stock ones). ``say`` gets a line as each
-    run starts and ends; ``echo`` each line of a run's stdout. TrainRunError if a run fails."""
+    frugal, stock, ...; ``repeats`` runs of each), and the ``controls`` (keys of :data:`CONTROLS`) in
+    :func:`run_order`, and return ``runs`` (sharder -> its summaries in run order; a perturbed
+    control that stands in for a table_wise run counts there, marked ``"demo_run": "perturbed"``),
+    ``samples_per_second`` (sharder -> the median), ``agreement`` (:func:`loss_agreement` of the
+    frugal runs against the unperturbed stock ones), ``controls`` (control -> its summary),
+    ``control_agreement`` (control -> its :func:`loss_agreement` against those stock runs) and
+    ``rerun_max_abs`` (reruns of one sharder from equal tables against each other; None if none).
+    ``say`` gets a line as each run starts and ends; ``echo`` each line of a run's stdout.
+    TrainRunError if a run fails."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
+    order = run_order(repeats, controls)
+    variants = {**SHARDERS, **CONTROLS}
     runs: Dict[str, List[Dict[str, Any]]] = {k: [] for k in SHARDERS}
-    order = [k for _ in range(repeats) for k in SHARDERS]
+    control_runs: Dict[str, Dict[str, Any]] = {}
+    speed_perturbed = repeats >= 2
     for n, key in enumerate(order, 1):
-        label, extra = SHARDERS[key]
+        label, extra = variants[key]
         say(f"== run {n} of {len(order)}, {label}: torchrun --nproc_per_node={nproc} {TRAIN_REL} {' '.join([*extra, *args])}")
         r = run_train(train_py, [*extra, *args], nproc=nproc, threads=threads, echo=echo, timeout_s=timeout_s)
         say(f"   {r['samples_per_second']:,.0f} samples/s ({r['wall_s']:.0f} s wall, start-up included)")
-        runs[key].append(r)
+        r["demo_run"] = key
+        if key in SHARDERS:
+            runs[key].append(r)
+        else:
+            control_runs[key] = r
+            if key == "perturbed" and speed_perturbed:
+                runs["torchrec"].append(r)
+    reference = [r for r in runs["torchrec"] if r["demo_run"] == "torchrec"]
+    reruns = [rs for rs in ([r for r in runs["frugal"]], reference) if len(rs) > 1]
     return {
         "runs": runs,
         "samples_per_second": {k: _median([r["samples_per_second"] for r in rs]) for k, rs in runs.items()},
-        "agreement": loss_agreement(runs["frugal"], runs["torchrec"]),
-        # reruns of one sharder against each other (None with one run each)
-        "rerun_max_abs": max((loss_agreement(rs[:1], rs[1:])["max_abs"] for rs in runs.values()), default=None)
-        if repeats > 1 else None,
+        "agreement": loss_agreement(runs["frugal"], reference),
+        "controls": control_runs,
+        "control_agreement": {k: loss_agreement([r], reference) for k, r in control_runs.items()},
+        "rerun_max_abs": max(loss_agreement(rs[:1], rs[1:])["max_abs"] for rs in reruns) if reruns else None,
     }
 
 
+WIDTH = 100
+"""Columns of the report's prose and tables."""
+
+
 def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+
+def _first_apart(agree: Dict[str, Any]) -> str:
+    """The first step whose losses differ by more than the tolerance, or "never"."""
+    return "never" if agree["agree_steps"] >= agree["steps"] else f"step {agree['agree_steps']}"
+
+
+def load_text(runs: Sequence[Dict[str, Any]]) -> str:
+    """How busy the rest of the machine was during ``runs``, said before any speed figure: a ratio
+    read on a loaded machine is only indicative."""
+    loads = [r["foreign_cpu_share"] for r in runs if r.get("foreign_cpu_share") is not None]
+    if not loads:
+        return "the machine's other load was not measured"
+    worst = max(loads)
+    if worst > 0.1:
+        return (f"other processes used up to {100 * worst:.0f}% of this machine's CPU during the runs, "
+                "so the ratio is only indicative (benchmarks/bench_dlrm.py repeats more)")  # fmt: skip
+    return f"the machine was otherwise idle (other processes used at most {100 * worst:.0f}% of its CPU)"
 
 
 def report(result: Dict[str, Any]) -> List[str]:
-    """The demo's closing lines: a table of the sharders (median samples/s and each run's, final loss
-    and AUC of the last run, gate stall, cache hits), then the speed ratio and the loss agreement
-    side by side, then what a CPU run can and cannot show."""
+    """The demo's closing lines: a table of the runs (median samples/s and each run's, final loss
+    and AUC of the last run, gate stall, cache hits); the speed ratio, after how loaded the machine
+    was; the per-step loss differences against stock table_wise of Frugal and of each control, and
+    what they say; then what a CPU run can and cannot show."""
     runs, median, agree = result["runs"], result["samples_per_second"], result["agreement"]
+    controls = result.get("controls", {})
     header = ["", "samples/s", "(each run)", "loss", "AUC", "gate stall", "cache hits"]
     widths = [26, 10, 18, 7, 7, 10, 10]
     lines = [_fmt_row(header, widths), _fmt_row(["-" * w for w in widths], widths)]
-    for key, (label, _) in SHARDERS.items():
-        last = runs[key][-1]
+    rows = [(SHARDERS[k][0], runs[k], median[k]) for k in SHARDERS]
+    if "row_wise" in controls:
+        rows.append(("TorchRec row_wise", [controls["row_wise"]], controls["row_wise"]["samples_per_second"]))
+    marked = False
+    for label, rs, med in rows:
+        last = next((r for r in reversed(rs) if r.get("demo_run") != "perturbed"), rs[-1])  # loss, AUC: from equal tables
         hits = f"{100 * last['frugal']['cache_hit_ratio']:.1f}%" if last.get("frugal") else "-"
         gate = f"{100 * last['gate_stall_fraction']:.1f}%" if last.get("frugal") else "-"
-        each = " ".join(f"{r['samples_per_second']:,.0f}" for r in runs[key])
-        lines.append(_fmt_row([label, f"{median[key]:,.0f}", each, f"{last['loss']:.4f}", f"{last['auc']:.4f}", gate, hits],
-                              widths))  # fmt: skip
+        each = " ".join(f"{r['samples_per_second']:,.0f}" + ("*" if r.get("demo_run") == "perturbed" else "") for r in rs)
+        marked = marked or "*" in each
+        lines.append(_fmt_row([label, f"{med:,.0f}", each, f"{last['loss']:.4f}", f"{last['auc']:.4f}", gate, hits], widths))
+    if marked:
+        lines.append(f"* from tables {PERTURBATION} apart (the rounding control below): the same work as the other "
+                     "table_wise runs")  # fmt: skip
     n = len(runs["frugal"])
+    speed_runs = [r for rs in runs.values() for r in rs]
     lines.append("")
-    lines.append(
-        f"Frugal / TorchRec table_wise: {median['frugal'] / median['torchrec']:.2f}x samples/s (medians of {n} "
-        f"alternated run{'s' if n > 1 else ''} each);  per-step loss max |frugal - stock| {agree['max_abs']:.2g} "
-        f"(relative {agree['max_rel']:.2g}) over {agree['steps']} steps"
-        + (f" x {agree['pairs']} run pairs" if agree["pairs"] > 1 else "")
-        + f"; within {agree['tolerance']:g} (relative) for the first {agree['agree_steps']} steps."
-    )
+    lines += textwrap.wrap(f"Speed: {load_text(speed_runs)}. Frugal / TorchRec table_wise: "
+                           f"{median['frugal'] / median['torchrec']:.2f}x samples/s (medians of {n} alternated "
+                           f"run{'s' if n > 1 else ''} each).", WIDTH)  # fmt: skip
+    lines.append("")
+    lines.append(f"Exactness: per-step loss against stock table_wise's over {agree['steps']} steps (same batches):")
+    tol = f"{agree['tolerance']:g}".replace("e-0", "e-")
+    pw = [39, 16, 12, 26]
+    lines.append(_fmt_row(["", "max |difference|", "max relative", f"first step > {tol} relative"], pw))
+    pairs = [("Frugal", agree)]
+    ca = result.get("control_agreement", {})
+    if "row_wise" in ca:
+        pairs.append(("row_wise (control)", ca["row_wise"]))
+    if "perturbed" in ca:
+        pairs.append((f"table_wise, tables {PERTURBATION} apart (control)", ca["perturbed"]))
     rerun = result.get("rerun_max_abs")
-    lines.append(
-        "Same initial tables and batches: the losses differ by float rounding (the same gradients summed in another "
-        "order), which this model carries far: stock from tables 1e-7 apart parts as much (docs/performance.md, "
-        "Loss agreement)"
-        + (f"; reruns of one sharder differ by {rerun:.2g}." if rerun is not None else ".")
-    )
-    loads = [r["foreign_cpu_share"] for rs in runs.values() for r in rs if r.get("foreign_cpu_share") is not None]
-    if loads and max(loads) > 0.1:
-        lines.append(f"Other processes used up to {100 * max(loads):.0f}% of this machine's CPU during the runs: "
-                     "samples/s is only indicative (benchmarks/bench_dlrm.py repeats more).")  # fmt: skip
-    if any(r.get("device") == "cpu" for rs in runs.values() for r in rs):
-        lines.append(CPU_NOTE)
+    for label, a in pairs:
+        lines.append(_fmt_row([label, f"{a['max_abs']:.2g}", f"{a['max_rel']:.2g}", _first_apart(a)], pw))
+    lines.append("")
+    lines += _exactness_words(agree, ca, rerun)
+    if any(r.get("device") == "cpu" for r in speed_runs):
+        lines += textwrap.wrap(CPU_NOTE, WIDTH)
     return lines
+
+
+def _exactness_words(agree: Dict[str, Any], ca: Dict[str, Dict[str, Any]], rerun: Optional[float]) -> List[str]:
+    """What the exactness table says, from its numbers: whether row_wise matched table_wise bit for
+    bit, and how Frugal's drift compares with the rounding control's."""
+    words = ["Frugal sums each row's gradients in another order than stock (per rank, then across ranks); "
+             "the same gradients summed in another order round differently, and this model carries such a "
+             "difference far."]  # fmt: skip
+    if "row_wise" in ca:
+        rw = ca["row_wise"]["max_abs"]
+        words.append("Stock row_wise sums them in table_wise's order: "
+                     + ("its losses match bit for bit." if rw == 0 else f"its losses differ by up to {rw:.2g}."))
+    if "perturbed" in ca:
+        p = ca["perturbed"]["max_abs"]
+        f = agree["max_abs"]
+        if f <= p:
+            words.append(f"Stock table_wise from tables {PERTURBATION} apart parts from itself by {p:.2g}: Frugal's "
+                         f"{f:.2g} is no more than that rounding-sized start gives.")  # fmt: skip
+        else:
+            words.append(f"Stock table_wise from tables {PERTURBATION} apart parts from itself by {p:.2g}; Frugal's "
+                         f"{f:.2g} is {f / p:.1f}x that (docs/performance.md, Loss agreement).")  # fmt: skip
+    if rerun is not None:
+        words.append("Reruns of one sharding from equal tables " + ("match bit for bit." if rerun == 0 else f"differ by {rerun:.2g}."))
+    return textwrap.wrap(" ".join(words), WIDTH)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -370,6 +480,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--batch-size", type=int, default=1024, help="per rank")
     p.add_argument("--config", default="criteo-kaggle", help="train.py --config")
     p.add_argument("--scale", type=float, default=None, help="train.py --scale; none: the config's")
+    p.add_argument("--no-controls", action="store_true", help="skip the exactness controls (row_wise, perturbed tables)")
     p.add_argument("--train", default=None, help="path of the DLRM example's train.py; none: examples/dlrm/train.py beside this file")
     p.add_argument("--quiet", action="store_true", help="do not echo train.py's log lines")
     args = p.parse_args(argv)
@@ -381,19 +492,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "--log-every", str(max(1, args.steps // 4))]  # fmt: skip
     if args.scale is not None:
         common += ["--scale", str(args.scale)]
+    controls = () if args.no_controls else tuple(CONTROLS)
+    order = run_order(args.repeats, controls)
     print(
         f"Frugal demo: examples/dlrm/train.py on {args.nproc} ranks (CPU/gloo unless CUDA is present), "
         f"{args.config} at {'scale ' + str(args.scale) if args.scale is not None else 'its default scale'}, "
         f"batch {args.batch_size}/rank, {args.steps} steps per run, {threads} thread(s) per rank; "
-        f"frugal and stock alternate, {args.repeats} runs each; same data, same initial tables and model, "
-        "only --sharder differs.",
+        f"{len(order)} runs: frugal and stock table_wise alternate, {args.repeats} runs each"
+        + ("; controls for exactness: stock row_wise, and stock table_wise from tables "
+           f"{PERTURBATION} apart" if controls else "")
+        + "; same data, initial tables and model, only the sharding differs.",
         flush=True,
     )
     t0 = time.perf_counter()
     echo = None if args.quiet else (lambda line: print("   " + line, flush=True))
     try:
         result = compare(train_py, common, nproc=args.nproc, threads=threads, repeats=args.repeats, echo=echo,
-                         say=lambda line: print(line, flush=True))  # fmt: skip
+                         say=lambda line: print(line, flush=True), controls=controls)  # fmt: skip
     except TrainRunError as e:
         raise SystemExit(f"a run failed: {e}")
     print("")

@@ -444,7 +444,7 @@ def report(result: Dict[str, Any]) -> List[str]:
     lines.append("")
     lines += _exactness_words(agree, ca, rerun)
     if any(r.get("device") == "cpu" for r in speed_runs):
-        lines += textwrap.wrap(CPU_NOTE, WIDTH)
+        lines += [""] + textwrap.wrap(CPU_NOTE, WIDTH)
     return lines
 
 
@@ -494,16 +494,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         common += ["--scale", str(args.scale)]
     controls = () if args.no_controls else tuple(CONTROLS)
     order = run_order(args.repeats, controls)
-    print(
+    intro = (
         f"Frugal demo: examples/dlrm/train.py on {args.nproc} ranks (CPU/gloo unless CUDA is present), "
         f"{args.config} at {'scale ' + str(args.scale) if args.scale is not None else 'its default scale'}, "
         f"batch {args.batch_size}/rank, {args.steps} steps per run, {threads} thread(s) per rank; "
         f"{len(order)} runs: frugal and stock table_wise alternate, {args.repeats} runs each"
         + ("; controls for exactness: stock row_wise, and stock table_wise from tables "
            f"{PERTURBATION} apart" if controls else "")
-        + "; same data, initial tables and model, only the sharding differs.",
-        flush=True,
+        + "; same data, initial tables and model, only the sharding differs."
     )
+    print("\n".join(textwrap.wrap(intro, WIDTH)), flush=True)
     t0 = time.perf_counter()
     echo = None if args.quiet else (lambda line: print("   " + line, flush=True))
     try:

@@ -498,7 +498,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"Frugal demo: examples/dlrm/train.py on {args.nproc} ranks (CPU/gloo unless CUDA is present), "
         f"{args.config} at {'scale ' + str(args.scale) if args.scale is not None else 'its default scale'}, "
         f"batch {args.batch_size}/rank, {args.steps} steps per run, {threads} thread(s) per rank; "
-        f"{len(order)} runs: frugal and stock table_wise alternate, {args.repeats} runs each"
+        f"{len(order)} runs: frugal and stock table_wise alternate, {args.repeats} run{'s' if args.repeats > 1 else ''} each"
         + ("; controls for exactness: stock row_wise, and stock table_wise from tables "
            f"{PERTURBATION} apart" if controls else "")
         + "; same data, initial tables and model, only the sharding differs."

@@ -87,14 +87,18 @@ def test_deferred_rows_wait_until_too_many_then_the_flusher_threads_write_them()
     assert not any(t.is_alive() for t in f.threads)
 
 
-def test_flush_once_respects_the_priority_bound_and_one_priority_per_chunk() -> None:
+def test_flush_once_takes_every_priority_due_in_one_chunk_up_to_its_rows() -> None:
     f, weights, _ = _flusher(workers=0, chunk_rows=100)
-    _update(f, np.array([10, 11]), 3.0, np.array([2, 4]))
+    _update(f, np.array([10, 11, 12]), 3.0, np.array([2, 3, 4]))
     assert not f.flush_once(max_priority=1)  # nothing due by step 1
-    assert f.flush_once(max_priority=4)
-    assert weights[10].eq(3.0).all() and weights[11].eq(0.0).all()  # the chunk took priority 2 only
+    assert f.flush_once(max_priority=3)  # priorities 2 and 3 in one chunk, not 4
+    assert weights[10].eq(3.0).all() and weights[11].eq(3.0).all() and weights[12].eq(0.0).all()
     assert int(f.control.get(FLUSHED)[0]) == 3
-
+    f, weights, _ = _flusher(workers=0, chunk_rows=1)
+    _update(f, np.array([10, 11]), 3.0, np.array([2, 4]))
+    assert f.flush_once(max_priority=4)  # a chunk of one row: the lowest priority's
+    assert weights[10].eq(3.0).all() and weights[11].eq(0.0).all()
+    assert int(f.control.get(FLUSHED)[0]) == 3
 
 
 def test_without_flusher_threads_flush_due_keeps_the_deferred_rows_bounded() -> None:

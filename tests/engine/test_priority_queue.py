@@ -186,6 +186,24 @@ def test_pop_min_max_rows(kind):
     assert set(rows.tolist()) <= set(range(20, 30))
 
 
+def test_pop_through_takes_the_due_buckets_lowest_first(kind):
+    q = make_queue(kind, 100, 3)
+    q.upsert(np.arange(4), 3)
+    q.upsert(np.arange(4, 6), 1)
+    q.upsert(np.arange(6, 9), 2)
+    q.upsert(np.arange(9, 12), INF)
+    rows, prio = q.pop_through(2, 100)  # priorities 1 and 2, not 3 nor INF
+    assert prio == 1 and sorted(rows[:2].tolist()) == [4, 5] and sorted(rows[2:].tolist()) == [6, 7, 8]
+    assert q.min_priority() == 3 and len(q) == 7
+    rows, prio = q.pop_through(INF - 1, 3)  # at most 3 rows, of the lowest priority left
+    assert prio == 3 and rows.size == 3 and set(rows.tolist()) < {0, 1, 2, 3} and len(q) == 4
+    assert q.pop_through(2, 10)[0].size == 0  # the rest is due later
+    rows, prio = q.pop_through(None, 10)  # INF too, after the finite row
+    assert prio == 3 and rows.size == 4 and sorted(rows[1:].tolist()) == [9, 10, 11] and len(q) == 0
+    rows, prio = q.pop_through(None, 10)
+    assert rows.size == 0 and prio == INF
+
+
 def test_window_zero(kind):
     q = make_queue(kind, 10, 0)  # finite priorities base and base+1 only
     q.upsert(rows_of(0, 1, 2), rows_of(0, 1, INF))

@@ -3,7 +3,7 @@
 Every update of a row this rank owns queues a host write with priority = the next step at which
 some rank reads the row from host (INF when no read is in the window: deferred, so that further
 updates coalesce into one write). Flusher threads (each a :class:`~torchrec_frugal.worker.Worker`
-whose idle task is a chunk) copy chunks of the lowest priority in the background; the training thread copies the rows the very next step reads itself, and helps while
+whose idle task is a chunk) copy chunks of the lowest priorities in the background; the training thread copies the rows the very next step reads itself, and helps while
 it waits. After every change the owner publishes FLUSHED, the step through which its host rows
 are current, which is what the peers' gates read.
 
@@ -177,12 +177,13 @@ class Flusher:
                 m = self.queue.min_priority()
                 if m is None or (max_priority is not None and m > max_priority):
                     return False
-                # One priority per chunk: while in flight a chunk bounds the published progress,
-                # and one that also took rows due later would hold back the rows due next.
-                rows, prio = self.queue.pop_min(self.chunk_rows)
+                # Every due priority in one chunk (up to chunk_rows): a chunk costs a fixed
+                # overhead beside its rows, and one a bucket would pay it up to L + 2 times a step.
+                rows, prio = self.queue.pop_through(max_priority, self.chunk_rows)
                 rows.sort()  # written in row order: the order host memory and the link like
-                # While in flight these rows are still stale on host: a finite chunk bounds the
-                # published progress by prio - 1, an INF chunk by the window as it is now.
+                # While in flight these rows are still stale on host: a chunk with a finite
+                # priority bounds the published progress by its lowest priority - 1, an INF
+                # chunk by the window as it is now.
                 self._inflight = prio - 1 if prio != INF else self.window.last_step  # type: ignore[union-attr]
                 slots = self.store.slot_of[rows]
                 src_w, src_s = self.store.weights, self.store.state

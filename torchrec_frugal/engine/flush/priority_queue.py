@@ -148,6 +148,29 @@ class PendingQueue(abc.ABC):
     def min_priority(self) -> int | None:
         """Lowest pending priority; ``None`` when empty, ``INF`` when only INF rows."""
 
+    def pop_through(self, max_priority: int | None, max_rows: int) -> tuple[np.ndarray, int]:
+        """Pop up to ``max_rows`` rows of the lowest priorities, lowest first, none above
+        ``max_priority`` (None: any, ``INF`` included).
+
+        Returns ``(rows, the lowest priority popped)``; ``(empty, INF)`` when none is due. One
+        call takes every due bucket at once, so that a flusher copies one chunk a step instead
+        of one a bucket.
+        """
+        parts: list[np.ndarray] = []
+        first = INF
+        left = int(max_rows)
+        while left > 0:
+            p = self.min_priority()
+            if p is None or (max_priority is not None and p > max_priority):
+                break
+            rows, p = self.pop_min(left)
+            first = min(first, p)
+            parts.append(rows)
+            left -= rows.size
+        if not parts:
+            return np.empty(0, dtype=np.int64), INF
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)), first
+
     # ---------------------------------------------------------------- helpers
     def _check_rows(self, rows: np.ndarray) -> np.ndarray:
         """Validate a batch of row ids and return it as a 1-D int64 array."""
@@ -292,7 +315,9 @@ class TwoLevelQueue(PendingQueue):
         first = int(slots[0])
         if (slots == first).all():
             return [(first, None)]
-        order = np.argsort(slots, kind="stable")
+        # numpy's stable sort of 16-bit keys is a radix sort: five times as fast as of int64 ones
+        keys = slots.astype(np.uint16) if self._slots < 1 << 16 else slots
+        order = np.argsort(keys, kind="stable")
         sizes = np.bincount(slots, minlength=self._slots + 1)
         ends = np.cumsum(sizes)
         return [(int(s), order[ends[s] - sizes[s] : ends[s]]) for s in np.flatnonzero(sizes)]

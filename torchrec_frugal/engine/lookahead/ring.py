@@ -6,7 +6,7 @@ uncached rows in place in host memory, only the rows other ranks cache), unique 
 owner, into slot ``t % ring`` of its
 mailbox's ring record (grown first if the step needs more rows), then raising its PUBLISHED
 counter. An owner collects step t from every rank's
-slot: its own group of each, merged into one sorted set of rows. A slot is reused only once
+slot: its own group of each, merged into one set of rows. A slot is reused only once
 every owner has ingested the step it held (the INGESTED counters), so ``ring`` = L + 2 slots
 let a rank run L steps ahead of the slowest owner's ingestion.
 """
@@ -19,7 +19,7 @@ import torch
 
 from ...host.control_record import INGESTED, PUBLISHED, Control
 from ...errors import FrugalError
-from ...int_sort import union_sorted, unique_sorted
+from ...int_sort import FirstSeen
 from ...host.mailbox import Record
 from ...metrics import WAIT_RING
 
@@ -42,10 +42,12 @@ class LookaheadRing:
         self.control = control
         self.owner = owner
         self.announced = announced  # per row: are this rank's host reads of it announced
+        self._publishing = FirstSeen(owner.shape[0])  # the publisher's (one thread)
+        self._collecting = FirstSeen(owner.shape[0])  # the ingester's (one thread)
 
     def publish(self, t: int, rows: np.ndarray, idle: Optional[Callable[[], bool]] = None) -> None:
         """Announce the rows this rank reads from host at step t that a pending write can hold, grouped by owner."""
-        u = unique_sorted(rows[self.announced[rows]])
+        u = self._publishing.unique(rows[self.announced[rows]])
         own = self.owner[u]
         order = np.argsort(own, kind="stable")
         slot = t % self.ring
@@ -64,7 +66,7 @@ class LookaheadRing:
         return int(self.control.get(PUBLISHED).min())
 
     def collect(self, t: int) -> np.ndarray:
-        """The sorted, unique rows of this owner that some rank reads from host at step t.
+        """The unique rows of this owner that some rank reads from host at step t (in no order).
 
         Read through the record's numpy views: no torch op, so a training thread that ingests
         while it waits at a gate runs none."""
@@ -78,4 +80,4 @@ class LookaheadRing:
             counts = box.array("la_counts")[slot]
             lo = int(counts[: self.rank].sum())
             parts.append(box.array("la_rows")[slot, lo : lo + int(counts[self.rank])])
-        return union_sorted(parts)
+        return self._collecting.unique(np.concatenate(parts))

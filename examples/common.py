@@ -377,6 +377,31 @@ def gather_cat(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.cat(out).cpu()
 
 
+def check_sharding(p: argparse.ArgumentParser, args: argparse.Namespace, frugal_row_wise: str = "frugal_row_wise") -> None:
+    """``--sharding`` against ``--sharder``: ``frugal_row_wise`` is Frugal's (and implies it); a stock
+    sharding is TorchRec's sharder's, which Frugal's would ignore: refused, not ignored. Without
+    ``--sharding`` TorchRec's sharder puts every table table_wise."""
+    if args.sharding == frugal_row_wise:
+        if args.sharder == "torchrec":
+            p.error(f"--sharding {frugal_row_wise} is Frugal's across nodes: drop --sharder torchrec")
+        args.sharder = "frugal"
+    elif args.sharding is None:
+        args.sharding = ShardingType.TABLE_WISE.value
+    elif args.sharder == "frugal":
+        p.error(f"--sharding {args.sharding} is a stock TorchRec sharding, which --sharder frugal (the default) does not "
+                f"use: add --sharder torchrec for it, or drop --sharding ({frugal_row_wise} is Frugal's across nodes)")
+
+
+def check_frugal_config(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Frugal's options as :class:`FrugalConfig` validates them, before any rank builds one."""
+    if args.sharder != "frugal":
+        return
+    try:
+        frugal_config(args)
+    except (TypeError, ValueError) as e:
+        p.error(f"{e} (--lookahead, --cache-ratio, --flush-workers, --max-deferred-rows)")
+
+
 def check_hardware(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--hardware`` plans with FrugalShardingPlanner: refuse it beside TorchRec's own sharder
     rather than ignore it."""
@@ -396,8 +421,11 @@ def check_steps(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def progress_bar(rank: int, args: argparse.Namespace) -> Optional[Any]:
-    """A tqdm bar over ``--steps`` on rank 0, unless ``--no-progress``."""
-    if rank != 0 or args.no_progress:
+    """A tqdm bar over ``--steps`` on rank 0, unless ``--no-progress`` or its output is not a terminal
+    (a log file would hold every redraw of the bar, between the log lines)."""
+    import sys
+
+    if rank != 0 or args.no_progress or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 

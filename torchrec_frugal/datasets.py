@@ -165,6 +165,15 @@ PAPER_IDS_PER_SAMPLE: Dict[str, int] = {"avazu": 21, "criteo-kaggle": 26, "crite
 """Ids per sample of the authors' benchmark (``nr_ids_one_sample`` in their ``perf_rec_model.py``)."""
 PAPER_FEATURE = "ids"
 
+EPOCH_SAMPLES: Dict[str, int] = {
+    "avazu": 40_428_967,  # Avazu CTR's training file (Kaggle), the rows whose columns AVAZU counts
+    "criteo-kaggle": 45_840_617,  # Criteo Display Advertising Challenge, train.txt
+    "criteo-tb": 4_373_472_329,  # Criteo 1TB Click Logs, the 24 days
+}
+"""Samples in one epoch of each real dataset: over an epoch the real ids read every row of the
+table at least once (the dataset's capacity is its distinct ids), which the Zipf model's tail does not
+(``CostTable.tail_rate``)."""
+
 PAPER_DATASETS: Dict[str, DatasetConfig] = {
     name: DatasetConfig(
         name=name,

@@ -27,18 +27,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .cost_model import FRUGAL_KINDS, TERMS, Bound, CostModel, CostTable, DenseModel, Plan, StepCost, Workload, frugal_kind, frugal_offered, bound, predict_all, recommend_frugal, shardings_for
-from ..datasets import CACHE_RATIO, DATASETS, LOOKAHEAD, MODEL_KINDS, PAPER_DATASETS, DatasetConfig, ModelConfig, SkewConfig, dataset_for
+from ..datasets import CACHE_RATIO, DATASETS, EPOCH_SAMPLES, LOOKAHEAD, MODEL_KINDS, PAPER_DATASETS, DatasetConfig, ModelConfig, SkewConfig, dataset_for
 from .profiles import HardwareProfile, ProfileError, builtin_profiles, load_profile
 
 PRESAMPLE_STEPS = 50  # examples/dlrm/train.py --presample-steps: batches per rank counted for the hot rows
-EPOCH_SAMPLES: Dict[str, int] = {
-    "avazu": 40_428_967,  # Avazu CTR's training file (Kaggle), the rows whose columns datasets.py counts
-    "criteo-kaggle": 45_840_617,  # Criteo Display Advertising Challenge, train.txt
-    "criteo-tb": 4_373_472_329,  # Criteo 1TB Click Logs, the 24 days
-}
-"""Samples in one epoch of each real dataset: over an epoch the real ids read every row of the
-table at least once (the dataset's capacity is its distinct ids), which the Zipf model's tail does not
-(``CostTable.tail_rate``)."""
 GPU_COUNTS = (1, 2, 4, 8)
 
 

@@ -47,7 +47,7 @@ per pair, Frugal on W ranks, stock TorchRec table_wise on W ranks and one proces
 same seed, steps and global batch; the table gives filtered MRR and Hits@k, and Frugal's MRR
 difference from the single process (acceptance: within 0.01). Exits 1 when a difference is larger.
 
-    python benchmarks/bench_graph.py --json benchmarks/results/graph_speed.json --plot benchmarks/results/graph
+    python benchmarks/bench_graph.py --json benchmarks/results/graph_speed/run_N.json --plot benchmarks/results/graph
     python benchmarks/bench_graph.py --variants frugal table_wise row_wise pbg --json benchmarks/results/graph_pbg.json
     python benchmarks/bench_graph.py --suite accuracy --json benchmarks/results/graph_accuracy.json --plot benchmarks/results/graph
 

@@ -169,7 +169,7 @@ def test_predictions_within_2_percent_read_as_a_tie(monkeypatch, capsys):
     assert "is predicted within 2% of Frugal, a tie" in verdict and "x faster" not in verdict
     assert "predicted faster at none of 1, 2, 4, 8 GPUs at this batch, within 2% (a tie) at 1, 2, 4, 8" in verdict
     assert "; Frugal is within 2% of it, a tie" in " ".join(text.split())
-    assert [cli.ratio_text(r) for r in (1.0, 1.019, 0.981, 1.021, 0.979, 1.5)] == ["tie", "tie", "tie", "1.02x", "0.98x", "1.50x"]
+    assert [cli.ratio_text(r) for r in (1.0, 1.019, 0.981, 1.021, 0.979, 1.5, 0.0025)] == ["tie", "tie", "tie", "1.02x", "0.98x", "1.50x", "<0.01x"]
 
 
 def test_dlrm_workload_and_dense_model_follow_the_example():

@@ -129,8 +129,10 @@ def is_tie(ratio: float) -> bool:
 
 
 def ratio_text(ratio: float) -> str:
-    """``ratio`` as the output prints it: "tie" within :data:`TIE`, else "1.23x"."""
-    return "tie" if is_tie(ratio) else f"{ratio:.2f}x"
+    """``ratio`` as the output prints it: "tie" within :data:`TIE`, else "1.23x" ("<0.01x" below that)."""
+    if is_tie(ratio):
+        return "tie"
+    return "<0.01x" if ratio < 0.005 else f"{ratio:.2f}x"
 
 
 def wrap(text: str, indent: str = "") -> str:

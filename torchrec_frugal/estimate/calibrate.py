@@ -514,7 +514,8 @@ def calibrate(path: str, base: HardwareProfile, name: str, device: str = "cpu", 
 TIME_PLAN_RECORDED_MS = {("one-hot", 1024): 1.09, ("one-hot", 4096): 3.72, ("multi-hot", 1024): 3.38,
                          ("multi-hot", 4096): 12.57}  # fmt: skip
 """``benchmarks/time_plan.py --config criteo-kaggle --scale 0.1 --batch-sizes 1024 4096 --repeats 60``:
-ms to plan one batch on one thread alone, median of 8 invocations (docs/performance.md)."""
+ms to plan one batch on one thread alone, median of 8 invocations (docs/performance.md, "The DLRM
+step's host work, piece by piece")."""
 
 
 def time_plan_points(

@@ -5,7 +5,8 @@ sender, whether it refused it). A rank sends its verdict to every peer, then rea
 from its own FIFO, blocked in the kernel without the GIL. A gloo all-gather of the same bytes
 costs each rank about 0.4 ms of CPU a step in gloo's threads and the planner's call, on the cores
 that train; a wait that polls shared memory costs the training thread more, each wake-up taking
-the GIL (docs/performance.md, "Relations as a table of the sharded collection").
+the GIL (measured at e0f7734: `git show e0f7734:docs/performance.md`, "Relations as a table of the
+sharded collection").
 
 The names are unlinked as soon as every rank has opened them: nothing is left behind by a run,
 a crash or a test, and each agreement (one per pipeline) has FIFOs of its own. A process forked

@@ -63,7 +63,9 @@ def test_sleeping_threads_end_the_wait_at_once():
 def test_the_interpreter_finalizes_after_a_working_daemon_thread():
     """Without the wait, the interpreter finalizes at once and the daemon thread never reports."""
     script = (
-        "import hashlib, threading, time, torchrec_frugal\n"
+        "import hashlib, threading, time\n"
+        "from torchrec_frugal import quiet_exit\n"
+        "quiet_exit.arm()  # as the first engine or batch planner does\n"
         "def work():\n"
         "    end = time.monotonic() + 0.3\n"
         "    while time.monotonic() < end:\n"

@@ -3,7 +3,7 @@
 The mechanism (host tables, owner caches, lookahead window, priority queue, flushers, gate)
 lives in flat modules free of TorchRec imports; the TorchRec glue is in ``torchrec_frugal.torchrec``.
 """
-from . import quiet_exit, stack  # quiet_exit first: its finalizer runs after every engine's
+from . import stack
 
 stack.require("torch")  # an ImportError saying what to install first, rather than a bare "No module named"
 

@@ -12,11 +12,15 @@ DistributedDataParallel's last backward and the pipeline's last batch agreement 
 so (docs/robustness.md, "A clean exit", has the backtraces and the rates). PyTorch does not
 prevent it.
 
-So at exit, after the engines and batch planners have stopped (their finalizers are created after
-this one, which is created at import, and finalizers run newest first), the main thread releases
+So at exit, after the engines and batch planners have stopped (their finalizers run newest first,
+and each engine and planner calls :func:`arm` before it makes its own), the main thread releases
 the GIL and waits until every other thread of the process has been asleep for a few polls in a
 row: none is running, waiting to run, or waiting for the GIL (which a sleeping main thread would
 hand it). The wait is bounded; where ``/proc`` is missing there is nothing to read and no wait.
+
+The wait is armed by the first engine or planner, not at import (importing the package changes
+nothing in the process), and stays armed until exit once armed: the threads it waits for (gloo's,
+DistributedDataParallel's) outlive the engines, whose closing comes before the race.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import os
 import threading
 import time
 import weakref
-from typing import List
+from typing import List, Optional
 
 POLL_S = 0.001
 QUIET_POLLS = 3  # consecutive polls with every other thread asleep
@@ -68,8 +72,22 @@ def wait_for_quiet_threads(timeout_s: float = TIMEOUT_S) -> bool:
 
 
 class _AtExit:
-    """What the finalizer below hangs on: alive until the interpreter exits."""
+    """What the exit's finalizer hangs on: alive until the interpreter exits."""
 
 
 _AT_EXIT = _AtExit()
-weakref.finalize(_AT_EXIT, wait_for_quiet_threads)
+_armed: Optional[weakref.finalize] = None
+_arm_lock = threading.Lock()
+
+
+def arm() -> None:
+    """Wait for quiet threads at exit (idempotent); call it before making a finalizer that must run before the wait."""
+    global _armed
+    with _arm_lock:
+        if _armed is None:
+            _armed = weakref.finalize(_AT_EXIT, wait_for_quiet_threads)
+
+
+def armed() -> bool:
+    """Whether the exit will wait (:func:`arm` ran in this process)."""
+    return _armed is not None and _armed.alive

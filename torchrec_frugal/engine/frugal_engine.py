@@ -58,6 +58,7 @@ from ..config import FrugalConfig, OptimizerSpec, TableSpec
 from .checkpoint_rows import CheckpointRows
 from ..host.control_record import CLOSED, FAILED, STATUS
 from ..errors import FrugalError, FrugalInputError
+from .. import quiet_exit
 from ..worker import Worker
 from .flush.flusher import Flusher
 from .gate import sync
@@ -104,6 +105,7 @@ class FrugalEngine:
         dims = {t.embedding_dim for t in tables}
         if len(dims) != 1:
             raise ValueError(f"tables of one engine must share embedding_dim, got {sorted(dims)}")
+        quiet_exit.arm()  # before any finalizer of this engine's users: they run before the exit's wait
         self.tables = list(tables)
         self.config = cfg = config or FrugalConfig()
         self.optimizer = optimizer

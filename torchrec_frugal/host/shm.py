@@ -7,7 +7,9 @@ mappings stay valid), so a crash afterwards leaves nothing behind. While a name 
 creator holds a shared ``flock`` on it: the lock dies with the process however it ends (SIGKILL
 included), so :func:`sweep_stale_segments` never removes a live segment, even one of a job in
 another pid namespace sharing the directory. The creating
-process also unlinks what it still owns at exit or on SIGTERM.
+process also unlinks what it still owns at exit or on SIGTERM: its exit hook and SIGTERM handler
+are installed with the first name it creates and removed with the last it unlinks, so importing
+this module changes nothing in the process.
 
 A segment's pages are reserved when it is created (``posix_fallocate``): a filesystem without
 room for it fails then, with an error naming the bytes and the fix, instead of a SIGBUS on the
@@ -40,7 +42,10 @@ _CREATING = ".creating-"  # a name being set up: invisible to the sweep until lo
 _ALIGN = 64
 
 _owned: Dict[str, int] = {}  # path of a name this process created -> the fd holding its lock
-_owned_lock = threading.Lock()
+# Reentrant: the SIGTERM handler takes it on the main thread, which may hold it when the signal comes.
+_owned_lock = threading.RLock()
+_hooks_armed = False  # _at_exit registered with atexit while this process owns a name
+_exiting = False  # _at_exit runs: it is not unregistered from within its own call
 
 
 class SharedMemoryFullError(FrugalError):
@@ -112,6 +117,8 @@ def _unlink_path(path: str) -> None:
         pass
     with _owned_lock:
         fd = _owned.pop(path, None)
+        if fd is not None and not _owned:
+            _disarm_exit_hooks()
     if fd is not None:
         os.close(fd)
 
@@ -129,15 +136,55 @@ def _unlink_owned() -> None:
         _unlink_path(path)
 
 
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+    _unlink_owned()
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     _unlink_owned()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
 
-atexit.register(_unlink_owned)
-if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+def exit_hooks_armed() -> bool:
+    """Whether this process's exit hook (and, set from the main thread, SIGTERM handler) is installed:
+    from its first created name to its last unlinked one."""
+    with _owned_lock:
+        return _hooks_armed
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _arm_exit_hooks() -> None:
+    """Unlink the names this process owns at exit and on SIGTERM (called, lock held, once it owns one).
+
+    The handler replaces only the default action, which it then takes, and only from the main
+    thread (the only one that may set it): a name first created elsewhere arms it at the next
+    creation on the main thread.
+    """
+    global _hooks_armed
+    if not _hooks_armed:
+        atexit.register(_at_exit)
+        _hooks_armed = True
+    if _on_main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _disarm_exit_hooks() -> None:
+    """Undo :func:`_arm_exit_hooks` (called, lock held, once the last owned name is unlinked).
+
+    Off the main thread the handler stays: owning nothing, it takes the default action it replaced.
+    """
+    global _hooks_armed
+    if _hooks_armed and not _exiting:
+        atexit.unregister(_at_exit)
+        _hooks_armed = False
+    if _on_main_thread() and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def list_segments(run_id: Optional[str] = None, directory: Optional[str] = None) -> List[str]:
@@ -329,6 +376,7 @@ class SharedSegment:
             os.unlink(tmp)
         with _owned_lock:  # only a name we created is ours to unlink at exit
             _owned[self.path] = fd
+            _arm_exit_hooks()
         return fd
 
     def rows(self, key: str, lo: int, hi: int) -> torch.Tensor:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ... import quiet_exit
 from ...errors import FrugalError
 from .batch_agreement import Agree, agreed_refusal
 from ..embedding_lookup import BatchPlan
@@ -183,6 +184,7 @@ class BatchPlanner:
     any plan still waiting is made: the loader is never held up by the planner's backlog."""
 
     def __init__(self) -> None:
+        quiet_exit.arm()  # before our finalizer, which must run before the exit's wait
         self._planning = _Planning()
         self._worker = Worker("frugal-planner", self._planning.fail, idle=self._planning.plan_next)
         # Collected or at exit, the planner waits for the job it runs, as close() does: a thread

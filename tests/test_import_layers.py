@@ -9,7 +9,7 @@ given its layer here.
 from __future__ import annotations
 
 import ast
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from test_imports import PACKAGE, ROOT, find_cycle, import_graph, imports, modules, package_sources
 
@@ -110,3 +110,63 @@ def test_layers_come_from_the_nearest_package() -> None:
     assert package_layer_of(f"{PACKAGE}.engine.gate") == "engine"
     assert package_layer_of(f"{PACKAGE}.host.shm") == "host"
     assert package_layer_of(f"{PACKAGE}.no_such_module") is None
+
+
+# ---------------------------------------------------------------------- folders import one way
+def folder_graphs(sources: Dict[str, Tuple[str, bool]]) -> Dict[str, Dict[str, Set[str]]]:
+    """For each package, the imports among its children: a child module is a node, a child
+    subpackage one node standing for every module below it; imports leaving the package are left out."""
+    graph = import_graph(sources)
+    packages = {m for m, (_, is_package) in sources.items() if is_package}
+    graphs: Dict[str, Dict[str, Set[str]]] = {p: {} for p in packages}
+
+    def child_of(package: str, module: str) -> Optional[str]:
+        if not module.startswith(package + "."):
+            return None
+        return package + "." + module[len(package) + 1 :].split(".")[0]
+
+    for package in packages:
+        edges = graphs[package]
+        for source, targets in graph.items():
+            a = child_of(package, source)
+            if a is None:
+                continue
+            edges.setdefault(a, set())
+            for target in targets:
+                b = child_of(package, target)
+                if b is not None and b != a:
+                    edges[a].add(b)
+    return graphs
+
+
+def folder_cycles(sources: Dict[str, Tuple[str, bool]]) -> List[str]:
+    """One cycle per package whose children (modules, subpackages as a whole) import in a cycle."""
+    found = []
+    for package, edges in sorted(folder_graphs(sources).items()):
+        cycle = find_cycle(edges)
+        if cycle:
+            found.append(f"in {package}: " + " -> ".join(cycle))
+    return found
+
+
+def test_no_import_cycle_between_folders() -> None:
+    """``engine/flush`` and ``engine/lookahead`` (or any two folders) import one way: a subpackage
+    is one unit to its siblings, so a cycle through two of its modules counts."""
+    found = folder_cycles(package_sources())
+    assert not found, "import cycles between a package's subpackages and modules:\n" + "\n".join(found)
+
+
+def test_a_cycle_between_sibling_folders_is_found() -> None:
+    sources = {
+        "pkg": ("", True),
+        "pkg.a": ("", True),
+        "pkg.a.x": ("from ..b import y\n", False),
+        "pkg.a.z": ("", False),
+        "pkg.b": ("", True),
+        "pkg.b.y": ("", False),
+        "pkg.b.w": ("def f():\n    from ..a.z import g\n", False),
+    }
+    assert find_cycle(import_graph(sources)) is None  # no module imports itself in a circle ...
+    assert folder_cycles(sources) == ["in pkg: pkg.a -> pkg.b -> pkg.a"]  # ... but the folders do
+    del sources["pkg.b.w"]
+    assert folder_cycles(sources) == []

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Protocol, Union
 
 import numpy as np
 import torch
@@ -25,7 +25,6 @@ import torch
 from ...host.control_record import FLUSHED, Control
 from ..gate import flushed_through
 from ..host_tables import HostTables
-from ..lookahead.window import LookaheadWindow
 from ..owner_cache import OwnerStore
 from ...priorities import INF
 from .priority_queue import PendingQueue
@@ -33,6 +32,14 @@ from ..streams import REACHED, Marker, Streams, to_device
 from ...worker import Worker
 
 POLL_S = (0.01, 0.01)  # a flusher with nothing due looks again this often (a new update wakes it at once)
+
+
+class ReadAhead(Protocol):
+    """What the flusher reads of the lookahead window
+    (:class:`~torchrec_frugal.engine.lookahead.window.LookaheadWindow`): stated here, so that
+    flushing imports nothing of the lookahead, which imports the flusher to feed its queue."""
+
+    last_step: int  # the newest step whose host reads are known: deferred rows are current through it
 
 
 @dataclass
@@ -57,7 +64,7 @@ class Flusher:
         host: HostTables,
         streams: Streams,
         control: Control,
-        window: Optional[LookaheadWindow],
+        window: Optional[ReadAhead],
         chunk_rows: int,
         max_deferred_rows: int,
         workers: int,

@@ -20,12 +20,13 @@ class FrugalConfig:
         0 turns proactive flushing off: every update is written to host before the next step
         (write-through, the ablation baseline).
     cache_ratio: fraction of each table's rows that each rank caches (static, disjoint).
-    flush_workers: background flusher threads per rank. 0: the training thread flushes the rows
-        the next step reads at the end of each step, the rest when it waits for its peers (or when
-        they come due), and the deferred rows past ``max_deferred_rows``. None picks 1 on an
-        accelerator, whose training thread mostly waits for the device, and 0 on a CPU device,
-        where the training threads keep every core busy and a flusher thread takes its time
-        from them (on 2 cores with 2 ranks it made the DLRM example 5% slower).
+    flush_workers: background flusher threads per rank. Whatever the number, the exchange worker
+        flushes the rows the next step reads at the end of each step's update, and flushes ahead
+        while it waits for its peers' gradients. 0: the exchange worker also flushes the rest, while
+        a gate waits (or when the rows come due), and the deferred rows past ``max_deferred_rows``.
+        None picks 1 on an accelerator, whose threads mostly wait for the device, and 0 on a CPU
+        device, where the training threads keep every core busy and a flusher thread takes its
+        time from them (on 2 cores with 2 ranks it made the DLRM example 5% slower).
     queue: "two_level" (the paper's bucket queue) or "heap" (binary heap, for the ablation).
     flush_chunk_rows: rows a flusher takes from the queue at once; bounds lock hold times.
     max_deferred_rows: rows that may wait in the infinity bucket (no read in the window) before

@@ -184,7 +184,7 @@ TERM_HELP = {
     "table_allreduce": "data_parallel: all-reduce of whole tables",
     "host_reads": "Frugal: distinct rows read from host memory (not in the rank's own cache)",
     "gradient_exchange": "Frugal: gradients staged through host memory to the rows' owners",
-    "flush_inline": "Frugal: updated rows due at the next step, written to host on the training thread",
+    "flush_inline": "Frugal: updated rows due at the next step, written to host by the exchange worker before the next step's gate opens",
     "engine_host": "Frugal: the training thread's own frugal host work (flat per step)",
     "gate_stall": "Frugal: the excess of its slowest thread beside the step (planner, exchange worker, flushers)",
     "uvm_reads": "offloading: rows read from host over the link (cache misses, or every row without a cache)",

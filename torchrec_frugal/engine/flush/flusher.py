@@ -3,8 +3,9 @@
 Every update of a row this rank owns queues a host write with priority = the next step at which
 some rank reads the row from host (INF when no read is in the window: deferred, so that further
 updates coalesce into one write). Flusher threads (each a :class:`~torchrec_frugal.worker.Worker`
-whose idle task is a chunk) copy chunks of the lowest priorities in the background; the training thread copies the rows the very next step reads itself, and helps while
-it waits. After every change the owner publishes FLUSHED, the step through which its host rows
+whose idle task is a chunk) copy chunks of the lowest priorities in the background; the exchange
+worker copies the rows the very next step reads at the end of each update (:meth:`Flusher.flush_due`),
+and helps while it waits for the peers' gradients or, without flushers, while a gate waits. After every change the owner publishes FLUSHED, the step through which its host rows
 are current, which is what the peers' gates read.
 
 One lock guards the queue, the owner store's slots and the lookahead window

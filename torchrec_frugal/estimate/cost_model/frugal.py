@@ -26,9 +26,10 @@ def frugal_table_terms(
     Device lookups of the rank's cached rows, host reads of its other distinct rows, the owner's
     update of its rows (on an accelerator, uncached ones first brought into dynamic slots),
     gradients staged through host memory to their owners, and the flushes: the rows due next step
-    on the training thread, the rest on the flushers (on a CPU device, which has no flusher thread,
-    all on the training thread). ``resident``: the share of the table held in the last-level
-    cache (:func:`.primitives.llc_shares`), which prices its device gathers and scatters."""
+    on the exchange worker at the end of the owner's update, which the next step's gate waits for
+    (``flush_inline``), the rest on the flushers (on a CPU device, which has no flusher thread, all
+    on the exchange worker). ``resident``: the share of the table held in the last-level cache
+    (:func:`.primitives.llc_shares`), which prices its device gathers and scatters."""
     hw, rb, sf = p.hw, row_bytes, state_bytes
     owned = x.unique_all / world
     reads: Tuple[float, ...] = (p.host_read(x.host_rows, rb),)

@@ -19,7 +19,7 @@ class TableTraffic:
     host_rows: float = 0.0  # frugal: distinct rows a rank reads from host
     owned_fresh_rows: float = 0.0  # frugal: uncached rows an owner updates (accelerator: read from host first)
     flushed_rows: float = 0.0  # frugal: rows an owner writes to host per step
-    inline_rows: float = 0.0  # frugal: of which due at the very next step (written on the training thread)
+    inline_rows: float = 0.0  # frugal: of which due at the very next step (written on the exchange worker, after the update)
 
 
 def flush_rate(updated: np.ndarray, read_by_others: np.ndarray, lookahead: int) -> np.ndarray:

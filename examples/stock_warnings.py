@@ -8,7 +8,9 @@ sharder (a stock script prints them too), and none asks anything of the user:
 - ``HeuristicalStorageReservation is known to cause issues`` and ``There is a known issue with
   TorchRec's dense tensor size calculation``: that planner's default storage reservation;
 - ```broadcast_buffers` is deprecated``: ``DistributedModelParallel``'s own DDP wrapper;
-- ``is_fx_tracing will return true ...``: torch.fx, on TorchRec's forward.
+- ``is_fx_tracing will return true ...``: torch.fx, on TorchRec's forward;
+- ```_get_pg_default_device` will be deprecated`` and ``Multiple backends are registered with this
+  ProcessGroup``: TorchRec 1.6.1's ``ShardingEnv`` on torch 2.13.
 
 The examples call :func:`quiet_stock_warnings` first; the library itself filters nothing.
 """
@@ -29,6 +31,8 @@ LOGGED: Tuple[Tuple[str, str], ...] = (
 WARNED: Tuple[Tuple[type, str], ...] = (
     (FutureWarning, re.escape("HeuristicalStorageReservation is known to cause issues")),
     (FutureWarning, re.escape("`broadcast_buffers` is deprecated")),
+    (UserWarning, re.escape("`_get_pg_default_device` will be deprecated")),
+    (UserWarning, re.escape("Multiple backends are registered with this ProcessGroup")),
 )
 """(category, pattern of the message's start) of every ``warnings.warn`` hidden."""
 

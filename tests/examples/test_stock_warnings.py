@@ -19,9 +19,11 @@ def test_the_listed_warnings_are_hidden_and_others_are_not(caplog) -> None:
         quiet_stock_warnings()  # twice: one filter a logger
         warnings.warn("HeuristicalStorageReservation is known to cause issues, particularly ...", FutureWarning)
         warnings.warn("`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead.", FutureWarning)
+        warnings.warn("`_get_pg_default_device` will be deprecated, it only stays for ...", UserWarning)
+        warnings.warn("Multiple backends are registered with this ProcessGroup. We cannot ...", UserWarning)
         warnings.warn("Please use DTensor instead and we are deprecating ShardedTensor.", FutureWarning)
     assert [str(w.message) for w in seen] == ["Please use DTensor instead and we are deprecating ShardedTensor."]
-    assert len(WARNED) == 2
+    assert len(WARNED) == 4
     caplog.set_level(logging.WARNING)
     for name, start in LOGGED:
         logger = logging.getLogger(name)

@@ -5,7 +5,7 @@
 #   1. a fresh venv in a temporary directory; the blocks of docs/install.md marked
 #      "check_install.sh runs this block" run as written: the CPU stack, then the wheel build;
 #   2. pip's dry-run report of the wheel install: into that stack it installs torchrec_frugal alone,
-#      and even into an empty environment (--ignore-installed) nothing but numpy and tqdm besides:
+#      and even into an empty environment (--ignore-installed) nothing but numpy, tqdm and numba (with llvmlite) besides:
 #      no torch, FBGEMM, TorchRec or NVIDIA package, whatever torch an environment has;
 #   3. the wheel install block; then, from a directory outside the checkout (the checkout on no
 #      path, torchrec_frugal imported from the venv's site-packages): the check block, the swap
@@ -92,7 +92,7 @@ into_stack, into_empty = installs(sys.argv[1]), installs(sys.argv[2])
 print("  into the stack:", ", ".join(into_stack))
 print("  into an empty environment:", ", ".join(into_empty))
 assert [n.split()[0] for n in into_stack] == ["torchrec-frugal"], into_stack
-assert sorted(n.split()[0] for n in into_empty) == ["numpy", "torchrec-frugal", "tqdm"], into_empty
+assert sorted(n.split()[0] for n in into_empty) == ["llvmlite", "numba", "numpy", "torchrec-frugal", "tqdm"], into_empty
 EOF
 
 run_block wheel-install "$REPO"

@@ -23,6 +23,7 @@ LAYER_OF: Dict[str, str] = {
     "errors": "base",
     "fused_rows": "base",
     "int_sort": "base",
+    "kernels": "base",
     "metrics": "base",
     "presample": "base",
     "quiet_exit": "base",

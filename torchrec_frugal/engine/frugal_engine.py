@@ -287,9 +287,8 @@ class FrugalEngine:
         self._faults.raise_if_failed()
         if not self._in_step:
             self._iteration_offset += 1
-        if isinstance(rows, StepPlan):
-            self._rows(rows, "lookup")
-        return self._reads.read(rows)
+        checked, _ = self._rows(rows, "lookup")
+        return self._reads.read(rows if isinstance(rows, StepPlan) else checked)
 
     def apply_gradients(self, unique_rows: Rows, grads: torch.Tensor, divide_by: int = 1) -> None:
         """This rank's summed gradient per unique row of the step; collective; ends the step.

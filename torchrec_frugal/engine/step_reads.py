@@ -2,7 +2,8 @@
 
 One pass over the rows: the rows this rank holds are gathered from its device store and all
 others from host memory (on CUDA through the mapped host tables), both straight into the output.
-A plan made ahead (:meth:`.FrugalEngine.plan_step`) saves the split and the copy of its indices:
+On a CPU device the rows' ids come unplanned and one compiled loop does it all
+(:mod:`~torchrec_frugal.kernels.row_gather`). A plan made ahead (:meth:`.FrugalEngine.plan_step`) saves the split and the copy of its indices:
 the training thread then only launches the gathers.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Union
 import torch
 
 from .host_tables import HostTables
+from ..kernels.row_gather import GatherScratch
 from .lookup_plan import plan_lookup
 from ..metrics import StepRecorder
 from .owner_cache import OwnerStore
@@ -35,6 +37,7 @@ class StepReads:
         self._dim = dim
         self._device = device
         self.reads_done: Marker = REACHED
+        self._gather = GatherScratch(store.slot_of.shape[0], dim) if device.type == "cpu" else None
 
     def read(self, rows: Union[torch.Tensor, StepPlan]) -> torch.Tensor:
         """Current values of ``rows`` [n] -> [n, dim] (a plan's: checked by its engine)."""
@@ -43,6 +46,8 @@ class StepReads:
             plan, n = rows.lookup, rows.num_rows
             self._copies.use([rows.packed], rows.ready)
             moved = rows.packed
+        elif self._gather is not None:
+            return self._read_on_cpu(rows, t0)
         else:
             rows = rows.reshape(-1).to("cpu")  # row ids are host-side bookkeeping (begin_step takes them so too)
             plan, n = plan_lookup(self._store.slot_of, self._store.num_static, rows.numpy(), self._host.sorted_reads), int(rows.shape[0])
@@ -63,5 +68,20 @@ class StepReads:
                 out.index_copy_(0, hit_pos, self._store.weights.index_select(0, hit_slots))
                 out.index_copy_(0, miss_pos, from_host)
         self.reads_done = self._streams.mark()
+        self._recorder.add("lookup", time.perf_counter() - t0)
+        return out
+
+    def _read_on_cpu(self, rows: torch.Tensor, t0: float) -> torch.Tensor:
+        """The read on a CPU device: store and host are both host memory, one compiled pass."""
+        assert self._gather is not None
+        store = self._store
+        out = torch.empty(rows.shape[0], self._dim, dtype=torch.float32)
+        hits = self._gather.gather(
+            rows.numpy(), store.slot_of, store.num_static, store.weights.numpy(), self._host.tables["weights"].numpy(),
+            out.numpy(),
+        )  # fmt: skip
+        self._recorder.lookups += int(rows.shape[0])
+        self._recorder.cache_hits += hits
+        self.reads_done = REACHED
         self._recorder.add("lookup", time.perf_counter() - t0)
         return out

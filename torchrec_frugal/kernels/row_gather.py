@@ -1,0 +1,93 @@
+"""A step's lookup on a CPU device: each row from the owner store if this rank holds it, else from host.
+
+One pass deduplicates the step's ids (a step of 26,624 ids holds about 5,300 rows), one reads
+each distinct row once from wherever it is, one writes every id's row into the output. Reading
+each id straight from a table of millions of rows costs a TLB miss an id, as its rows lie on
+pages of their own; the distinct rows in a compact buffer stay in cache while the output is
+written. The deduplication marks rows in ``seen`` (one int32 a row of the table), a sparse set:
+``seen[r]`` is trusted only if the distinct row it points at is ``r``, so ``seen`` is never cleared.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .compiled import kernel
+
+
+class GatherScratch:
+    """The scratch arrays of :func:`gather_rows` for one reading thread, grown as steps need."""
+
+    def __init__(self, num_rows: int, width: int) -> None:
+        self.seen = np.zeros(num_rows, dtype=np.int32)
+        self.width = width
+        self._grow(0)
+
+    def _grow(self, n: int) -> None:
+        self.distinct = np.empty(n, dtype=np.int64)
+        self.inverse = np.empty(n, dtype=np.int32)
+        self.counts = np.empty(n, dtype=np.int32)
+        self.rows = np.empty((n, self.width), dtype=np.float32)
+
+    def gather(self, ids: np.ndarray, slot_of: np.ndarray, num_static: int, store: np.ndarray, host: np.ndarray,
+               out: np.ndarray) -> int:  # fmt: skip
+        """:func:`gather_rows` with this scratch; returns the ids found in static slots."""
+        if self.distinct.shape[0] < ids.shape[0]:
+            self._grow(max(ids.shape[0], 2 * self.distinct.shape[0]))
+        return int(gather_rows(ids, slot_of, num_static, store, host, self.seen, self.distinct, self.inverse,
+                               self.counts, self.rows, out))  # fmt: skip
+
+
+def _gather_twin(
+    ids: np.ndarray, slot_of: np.ndarray, num_static: int, store: np.ndarray, host: np.ndarray,
+    seen: np.ndarray, distinct: np.ndarray, inverse: np.ndarray, counts: np.ndarray, rows: np.ndarray, out: np.ndarray,
+) -> int:  # fmt: skip
+    slots = slot_of[ids]
+    held = slots >= 0
+    out[held] = store[slots[held]]
+    out[~held] = host[ids[~held]]
+    return int(np.count_nonzero(held & (slots < num_static)))
+
+
+@kernel(_gather_twin)
+def gather_rows(
+    ids: np.ndarray, slot_of: np.ndarray, num_static: int, store: np.ndarray, host: np.ndarray,
+    seen: np.ndarray, distinct: np.ndarray, inverse: np.ndarray, counts: np.ndarray, rows: np.ndarray, out: np.ndarray,
+) -> int:  # fmt: skip
+    """``out[i]`` = ``store[slot_of[ids[i]]]`` where that slot is >= 0, else ``host[ids[i]]``;
+    returns how many ids have a static slot (below ``num_static``).
+
+    ``seen``: int32 scratch of the table's rows (any content); ``distinct`` (int64), ``inverse``
+    and ``counts`` (int32) and ``rows`` (float32, as wide as ``out``): scratch of ``len(ids)``.
+    """
+    n = ids.shape[0]
+    d = out.shape[1]
+    k = 0
+    for i in range(n):
+        r = ids[i]
+        j = seen[r]
+        if j < k and distinct[j] == r:
+            counts[j] += 1
+        else:
+            j = k
+            seen[r] = j
+            distinct[j] = r
+            counts[j] = 1
+            k += 1
+        inverse[i] = j
+    static_hits = 0
+    for j in range(k):
+        r = distinct[j]
+        s = slot_of[r]
+        if s >= 0:
+            if s < num_static:
+                static_hits += counts[j]
+            for c in range(d):
+                rows[j, c] = store[s, c]
+        else:
+            for c in range(d):
+                rows[j, c] = host[r, c]
+    for i in range(n):
+        j = inverse[i]
+        for c in range(d):
+            out[i, c] = rows[j, c]
+    return static_hits

@@ -26,6 +26,7 @@ import torch
 from ...host.control_record import FLUSHED, Control
 from ..gate import flushed_through
 from ..host_tables import HostTables
+from ...kernels.row_scatter import copy_rows_to_host
 from ..owner_cache import OwnerStore
 from ...priorities import INF
 from .priority_queue import PendingQueue
@@ -193,19 +194,10 @@ class Flusher:
                 # priority bounds the published progress by its lowest priority - 1, an INF
                 # chunk by the window as it is now.
                 self._inflight = prio - 1 if prio != INF else self.window.last_step  # type: ignore[union-attr]
-                slots = self.store.slot_of[rows]
+                slots = self.store.slot_of[rows]  # read under the lock: a release may follow
                 src_w, src_s = self.store.weights, self.store.state
                 after = self._updated
-            r = torch.from_numpy(rows)
-            # On CUDA: a side stream, after the updates on the device, never behind the step's
-            # kernels; only this thread waits for the copy (the rows are on host once it returns).
-            with self.streams.side(after):
-                r_dev, sl = to_device([r, torch.from_numpy(slots)], self.host.device)
-                self.host.write("weights", r, src_w.index_select(0, sl), r_dev)
-                if self.store.state_width:
-                    self.host.write("state", r, src_s.index_select(0, sl), r_dev)
-                copied = self.streams.mark()
-            copied.synchronize()
+            self._copy(rows, slots, src_w, src_s, after)
             with self.lock:
                 # Rows updated meanwhile were re-queued by the update (only an update inserts a
                 # row, and no other chunk was copied meanwhile): they stay pending, the rest is done.
@@ -228,6 +220,24 @@ class Flusher:
             return True
         finally:
             self._mutex.release()
+
+    def _copy(self, rows: np.ndarray, slots: np.ndarray, src_w: torch.Tensor, src_s: torch.Tensor, after: Marker) -> None:
+        """Write the store's ``slots`` into host ``rows``; the rows are on host once it returns."""
+        host = self.host
+        if host.device.type == "cpu" and host.path == "zero_copy":  # both in host memory: one compiled pass
+            copy_rows_to_host(rows, slots, src_w.numpy(), src_s.numpy(), host.tables["weights"].numpy(),
+                              host.tables["state"].numpy())  # fmt: skip
+            return
+        r = torch.from_numpy(rows)
+        # On CUDA: a side stream, after the updates on the device, never behind the step's
+        # kernels; only this thread waits for the copy (the rows are on host once it returns).
+        with self.streams.side(after):
+            r_dev, sl = to_device([r, torch.from_numpy(slots)], host.device)
+            host.write("weights", r, src_w.index_select(0, sl), r_dev)
+            if self.store.state_width:
+                host.write("state", r, src_s.index_select(0, sl), r_dev)
+            copied = self.streams.mark()
+        copied.synchronize()
 
     def _flush_background(self) -> bool:
         """A flusher's idle task: one chunk of what is worth flushing ahead of need."""

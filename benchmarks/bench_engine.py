@@ -59,6 +59,7 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
+from thread_cpu import ROLES, ThreadClock  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.host.launch import run_ranks  # noqa: E402
 from torchrec_frugal.estimate.measure import git_state, machine_busy_s, own_cpu_s  # noqa: E402
@@ -71,15 +72,20 @@ def mode_config(mode: str, args: argparse.Namespace):
     from torchrec_frugal.config import FrugalConfig
 
     common = dict(flush_chunk_rows=args.chunk, max_deferred_rows=args.max_deferred_rows, timeout_s=120.0)
+    workers = args.flush_workers
+    if args.layout == "accelerator" and not mode.startswith("no_flush"):
+        # an accelerator's choices on the CPU: a flusher thread, uncached rows updated in dynamic slots
+        common["update_uncached_in_host"] = False
+        workers = 1 if workers is None else workers
     if mode == "frugal":
         return FrugalConfig(lookahead=args.lookahead, cache_ratio=args.cache_ratio, queue="two_level",
-                            flush_workers=args.flush_workers, **common)
+                            flush_workers=workers, **common)
     if mode == "heap":
         return FrugalConfig(lookahead=args.lookahead, cache_ratio=args.cache_ratio, queue="heap",
-                            flush_workers=args.flush_workers, **common)
+                            flush_workers=workers, **common)
     if mode == "write_through":
         return FrugalConfig(lookahead=0, cache_ratio=args.cache_ratio, queue="two_level",
-                            flush_workers=args.flush_workers, **common)
+                            flush_workers=workers, **common)
     if mode in ("no_flush", "no_flush_sync"):
         return FrugalConfig(lookahead=args.lookahead, cache_ratio=1.0, queue="two_level",
                             flush_workers=0, **common)
@@ -87,20 +93,6 @@ def mode_config(mode: str, args: argparse.Namespace):
 
 
 # ---------------------------------------------------------------------------------- one rank
-def thread_cpu_s(native_ids: List[int]) -> float:
-    """CPU seconds (user + system) of threads of this process, from /proc (10 ms resolution)."""
-    total = 0
-    for tid in native_ids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except FileNotFoundError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: Dict[str, Any],
              solo_pg: Any, bar: Any) -> Dict[str, Any]:
     import torch
@@ -149,14 +141,15 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
     profiler = cProfile.Profile() if (args.profile and args.profile == mode and rank == 0) else None
     flushed_rows0 = flushed_bytes0 = 0
     exchange_flush = bg_flush = 0.0
-    flusher_tids = [t.native_id for t in eng.background_threads]
-    cpu0 = (0.0, 0.0, 0.0)
+    clock = ThreadClock(eng.background_threads)
+    cpu0: Dict[str, float] = {}
+    process0 = 0.0
     dist.barrier()
     wall0 = time.perf_counter()
     for s in range(total):
         if s == args.warmup:
             flushed_rows0, flushed_bytes0 = eng.total_rows_flushed, eng.total_bytes_flushed
-            cpu0 = (time.thread_time(), thread_cpu_s(flusher_tids), time.process_time())
+            cpu0, process0 = clock.read(), time.process_time()
             wall0 = time.perf_counter()
             if profiler is not None:
                 profiler.enable()
@@ -208,7 +201,8 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
         if bar is not None:
             bar.update(1)
     wall = time.perf_counter() - wall0
-    cpu = (time.thread_time() - cpu0[0], thread_cpu_s(flusher_tids) - cpu0[1], time.process_time() - cpu0[2])
+    cpu = ThreadClock.spent(cpu0, clock.read())
+    cpu_process = time.process_time() - process0
     if profiler is not None:
         profiler.disable()
     rows_f = eng.total_rows_flushed - flushed_rows0
@@ -228,9 +222,8 @@ def run_mode(rank: int, world: int, mode: str, args: argparse.Namespace, data: D
         "bytes_flushed": int(bytes_f),
         "exchange_flush_s": exchange_flush,
         "flusher_flush_s": bg_flush,
-        "cpu_train_thread_s": cpu[0],
-        "cpu_flusher_threads_s": cpu[1],
-        "cpu_process_s": cpu[2],
+        "cpu_threads_s": cpu,
+        "cpu_process_s": cpu_process,
         "due_next_step_rows": int(due_next),
         "pending_rows_sum": int(pending),
         "cache_hits": int(hits),
@@ -322,8 +315,8 @@ def summarize_run(per_rank: List[Dict[str, Any]], args: argparse.Namespace) -> D
         "flusher_flush_ms": 1e3 * float(np.mean([r["flusher_flush_s"] for r in per_rank])) / steps,
         "cpu_engine_ms": mean_ms("cpu_engine"),
         "cpu_dense_ms": mean_ms("cpu_dense"),
-        "cpu_train_ms": 1e3 * float(np.mean([r["cpu_train_thread_s"] for r in per_rank])) / steps,
-        "cpu_flushers_ms": 1e3 * float(np.mean([r["cpu_flusher_threads_s"] for r in per_rank])) / steps,
+        **{f"cpu_{role}_ms": 1e3 * float(np.mean([r["cpu_threads_s"].get(role, 0.0) for r in per_rank])) / steps
+           for role in ROLES},
         "cpu_process_ms": 1e3 * float(np.mean([r["cpu_process_s"] for r in per_rank])) / steps,
         "rows_flushed_per_step": rows_f,
         "mb_flushed_per_step": bytes_f / 1e6,
@@ -354,6 +347,9 @@ def main() -> None:
     ap.add_argument("--presample", type=int, default=50, help="batches counted to pick the hot rows")
     ap.add_argument("--lookahead", type=int, default=10, help="L of the frugal, heap and no_flush modes")
     ap.add_argument("--cache-ratio", type=float, default=0.05, help="rows cached per rank (not no_flush)")
+    ap.add_argument("--layout", choices=("cpu", "accelerator"), default="cpu",
+                    help="the engine's choices on this device (cpu), or an accelerator's run on the CPU: a flusher "
+                         "thread and uncached rows updated in dynamic slots, then flushed")
     ap.add_argument("--flush-workers", type=int, default=None, help="flusher threads per rank (default: the engine's, 0 on CPU)")
     ap.add_argument("--chunk", type=int, default=8192, help="flush_chunk_rows")
     ap.add_argument("--max-deferred-rows", type=int, default=None,
@@ -427,14 +423,20 @@ def main() -> None:
             f"| {s['samples_per_s']:,.0f} | {s['step_vs_' + ref + '_paired']:.2f}x |"
         )
     print("\n| mode | push_lookahead ms | begin_step ms (incl. gate) | lookup ms | apply_gradients ms "
-          "(incl. exchange wait) | flush in flusher threads ms | CPU train thread ms | CPU background threads ms | "
-          "CPU process ms | CPU engine calls ms | CPU dense ms | rows due at next step | rows pending |")
-    print("|---|" + "---:|" * 12)
+          "(incl. exchange wait) | flush in flusher threads ms | CPU process ms | CPU engine calls ms | CPU dense ms "
+          "| rows due at next step | rows pending |")
+    print("|---|" + "---:|" * 10)
     for m, s in summary.items():
         print(f"| {m} | {s['push_ms']:.2f} | {s['begin_ms']:.2f} | {s['lookup_ms']:.2f} | {s['apply_ms']:.2f} "
-              f"| {s['flusher_flush_ms']:.2f} | {s['cpu_train_ms']:.1f} | {s['cpu_flushers_ms']:.1f} "
+              f"| {s['flusher_flush_ms']:.2f} "
               f"| {s['cpu_process_ms']:.1f} | {s['cpu_engine_ms']:.2f} | {s['cpu_dense_ms']:.1f} "
               f"| {s['due_next_rows_per_step']:,.0f} | {s['pending_rows_per_step']:,.0f} |")
+    print("\nCPU ms per step and rank of each thread (the training thread includes the dense model; no "
+          "planner thread here: the engine's calls take rows, not batches to plan):\n")
+    print("| mode | " + " | ".join(ROLES) + " | process |")
+    print("|---|" + "---:|" * (len(ROLES) + 1))
+    for m, s in summary.items():
+        print(f"| {m} | " + " | ".join(f"{s[f'cpu_{role}_ms']:.2f}" for role in ROLES) + f" | {s['cpu_process_ms']:.2f} |")
     print("\nThe engine's own account of the training thread's engine time (StepMetrics.phase_s), ms per step:\n")
     print("| mode | " + " | ".join(PHASES) + " | sum |")
     print("|---|" + "---:|" * (len(PHASES) + 1))

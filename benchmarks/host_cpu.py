@@ -50,6 +50,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from thread_cpu import cpu_s, thread_kind
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("cpu", "accelerator")
 
@@ -84,21 +86,6 @@ CALLS: Tuple[Tuple[str, str, str, str], ...] = (
     ("engine.flush.flusher", "Flusher", "take_counts", "metrics: flush counts"),
     ("host.control_record", "Control", "wait", "waits on counters (polling)"),
 )
-
-
-def thread_kind(name: str) -> str:
-    """The role of an engine thread from its name (``frugal-exchange-0``, ``frugal-flusher-0-0``, ...)."""
-    if name == "MainThread":
-        return "train"
-    for kind in ("exchange", "lookahead", "flusher"):
-        if name.startswith(f"frugal-{kind}"):
-            return kind
-    return "other"
-
-
-def cpu_s(thread: threading.Thread) -> float:
-    """CPU seconds of a live thread of this process (nanosecond clock)."""
-    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))  # type: ignore[arg-type]
 
 
 class CallClock:

@@ -14,6 +14,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def background_ms(mode_summary: dict) -> float:
+    """CPU ms per step of the threads beside the training thread (``bench_engine``'s per-role columns)."""
+    return sum(mode_summary[f"cpu_{role}_ms"] for role in ("exchange", "lookahead", "flusher"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", type=Path)
@@ -49,13 +54,15 @@ def main() -> None:
         ("cpu_dense_ms", "training thread: dense"),
         ("cpu_engine_ms", "training thread: engine calls"),
         (None, "training thread: other"),
-        ("cpu_flushers_ms", "flusher threads"),
+        ("background", "exchange, lookahead and flusher threads"),
     ]
     bottom = [0.0] * len(modes)
     for key, label in cpu_parts:
         if key is None:
             vals = [max(0.0, summary[m]["cpu_train_ms"] - summary[m]["cpu_dense_ms"] - summary[m]["cpu_engine_ms"])
                     for m in modes]
+        elif key == "background":
+            vals = [background_ms(summary[m]) for m in modes]
         else:
             vals = [summary[m][key] for m in modes]
         ax2.bar(modes, vals, bottom=bottom, label=label)
@@ -63,7 +70,7 @@ def main() -> None:
     ax2.set_ylabel("CPU ms per step and rank")
     ax2.set_title("CPU time per step (robust to other load)")
     for i, m in enumerate(modes):
-        ax2.text(i, bottom[i], f"{summary[m]['cpu_engine_ms'] + summary[m]['cpu_flushers_ms']:.1f} ms\nengine+flush",
+        ax2.text(i, bottom[i], f"{summary[m]['cpu_engine_ms'] + background_ms(summary[m]):.1f} ms\nengine+background",
                  ha="center", va="bottom", fontsize=8)
     ax2.set_ylim(0, max(bottom) * 1.2)
     ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)

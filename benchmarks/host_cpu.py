@@ -290,10 +290,11 @@ def main() -> None:
                 runs[(str(root), layout, b)].append(r)
                 print(f"rep {rep + 1} {root.name} {layout} b{b}: host {us(r['host_s'])} us/step "
                       f"({r['unique_rows']:.0f} unique rows)", file=sys.stderr, flush=True)
-    calls: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    calls: Dict[Tuple[str, str, int], Dict[str, Any]] = {}
     if args.calls:
         for layout, b in cases:
-            calls[(layout, b)] = child(args, roots[-1], layout, b, calls=True)
+            for root in roots:
+                calls[(str(root), layout, b)] = child(args, root, layout, b, calls=True)
 
     print(f"\nworld {args.world}, one table of {args.rows:,} rows x dim {args.dim}, {args.ids} Zipf({args.zipf}) ids a "
           f"sample, L {args.lookahead}, cache {args.cache_ratio}, row-wise Adagrad; {args.steps} steps (+{args.warmup}), "
@@ -308,7 +309,7 @@ def main() -> None:
         med[(root, layout, b)] = m["host_s"]
         print(f"| {Path(root).name} | {layout} | {b} | {m['unique_rows']:,.0f} | {us(m['host_s'])} | "
               + " | ".join(us(th[k]) for k in kinds) + f" | {us(m['process_s'])} | {us(m['baseline_s'])} |")
-    if len(roots) > 1:
+    if len(roots) > 1 and args.repeats:
         print("\n| layout | batch | " + " | ".join(r.name for r in roots[1:]) + f" / {roots[0].name}, paired median | tables after the run |")
         print("|---|---:|" + "---:|" * (len(roots) - 1) + "---|")
         for layout, b in cases:
@@ -319,8 +320,8 @@ def main() -> None:
             ]
             same = all(r["digest"] == f["digest"] for root in roots[1:] for r, f in zip(runs[(str(root), layout, b)], first))
             print(f"| {layout} | {b} | " + " | ".join(f"{x:.2f}" for x in ratios) + f" | {'equal' if same else 'DIFFER'} |")
-    for (layout, b), r in calls.items():
-        print(f"\nCalls, {roots[-1].name}, {layout} layout, batch {b}: own CPU us per step (calls per step), by thread")
+    for (root, layout, b), r in calls.items():
+        print(f"\nCalls, {Path(root).name}, {layout} layout, batch {b}: own CPU us per step (calls per step), by thread")
         print("\n| call | thread | own CPU us | calls |\n|---|---|---:|---:|")
         for key, (s, n) in sorted(r["calls"].items(), key=lambda kv: -kv[1][0]):
             label, kind = key.split("|")
@@ -331,7 +332,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "child"},
                    "runs": {f"{Path(k[0]).name}|{k[1]}|{k[2]}": v for k, v in runs.items()},
-                   "calls": {f"{k[0]}|{k[1]}": v for k, v in calls.items()}}
+                   "calls": {f"{Path(k[0]).name}|{k[1]}|{k[2]}": v for k, v in calls.items()}}
         args.json.write_text(json.dumps(payload, indent=1, default=str) + "\n")
 
 

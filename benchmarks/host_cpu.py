@@ -31,6 +31,7 @@ across the checkouts. CPU time, not wall time: other processes on the machine mo
     python benchmarks/host_cpu.py --calls --repeats 1               # and the per-call table
     git worktree add ../before <commit>
     python benchmarks/host_cpu.py --checkouts ../before . --repeats 3
+    python benchmarks/host_cpu.py --device cuda --calls --repeats 1   # on a GPU: the ranks share GPU 0
 """
 from __future__ import annotations
 
@@ -136,10 +137,10 @@ class CallClock:
         return out
 
 
-def layout_config(layout: str, lookahead: int, cache_ratio: float) -> Any:
+def layout_config(layout: str, lookahead: int, cache_ratio: float, device: str = "cpu") -> Any:
     from torchrec_frugal.config import FrugalConfig
 
-    if layout == "cpu":
+    if layout == "cpu" or device == "cuda":  # on CUDA the engine's own choices are the accelerator layout
         return FrugalConfig(lookahead=lookahead, cache_ratio=cache_ratio)
     return FrugalConfig(lookahead=lookahead, cache_ratio=cache_ratio, flush_workers=1, update_uncached_in_host=False)
 
@@ -163,16 +164,18 @@ def rank_main(rank: int, world: int, a: Dict[str, Any]) -> Dict[str, Any]:
     rng = np.random.default_rng([a["seed"], rank])
     batches = [torch.from_numpy(zipf.sample(B, rng)) for _ in range(total + L)]
     counts = count_ids(([b] for b in batches[: a["presample"]]), [a["rows"]])
-    grad_in = torch.randn(B, d, generator=torch.Generator().manual_seed(a["seed"] + rank))
-    cfg = layout_config(a["layout"], L, a["cache_ratio"])
+    device = torch.device(a["device"])
+    grad_in = torch.randn(B, d, generator=torch.Generator().manual_seed(a["seed"] + rank)).to(device)
+    cfg = layout_config(a["layout"], L, a["cache_ratio"], a["device"])
     opt = OptimizerSpec(kind="rowwise_adagrad", lr=0.01)
 
     def coalesce(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        uniq, inv = torch.unique(ids, return_inverse=True)
-        return uniq, torch.zeros(uniq.shape[0], d).index_add_(0, inv, grad_in)
+        """The step's unique rows (host ids, as the engine takes them) and their summed gradients (on the device)."""
+        uniq, inv = torch.unique(ids.to(device), return_inverse=True)
+        return uniq.cpu(), torch.zeros(uniq.shape[0], d, device=device).index_add_(0, inv, grad_in)
 
     unique_rows = []
-    with FrugalEngine([TableSpec("t", a["rows"], d)], opt, cfg, presample_counts=counts, seed=a["seed"]) as eng:
+    with FrugalEngine([TableSpec("t", a["rows"], d)], opt, cfg, device=device, presample_counts=counts, seed=a["seed"]) as eng:
         threads = [threading.current_thread()] + list(eng.background_threads)
         kinds = ["train"] + [thread_kind(t.name) for t in threads[1:]]
 
@@ -241,7 +244,7 @@ def measure(a: Dict[str, Any]) -> Dict[str, Any]:
 def child(args: argparse.Namespace, root: Path, layout: str, batch: int, calls: bool) -> Dict[str, Any]:
     """One measurement in a fresh interpreter that imports the package from ``root``."""
     a = {k: getattr(args, k) for k in ("world", "rows", "dim", "ids", "zipf", "lookahead", "cache_ratio", "steps",
-                                       "warmup", "presample", "seed")}  # fmt: skip
+                                       "warmup", "presample", "seed", "device")}  # fmt: skip
     a.update(layout=layout, batch=batch, calls=calls)
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(a)]
@@ -262,6 +265,8 @@ def main() -> None:
     ap.add_argument("--zipf", type=float, default=1.2)
     ap.add_argument("--batches", type=int, nargs="+", default=[1024, 128], help="samples per rank and step")
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the ranks share GPU 0, and the engine's own (accelerator) layout is the only one")
     ap.add_argument("--lookahead", type=int, default=10)
     ap.add_argument("--cache-ratio", type=float, default=0.05)
     ap.add_argument("--steps", type=int, default=150, help="timed steps")
@@ -274,6 +279,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write every measurement here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("host_cpu.py --device cuda: torch sees no CUDA device")
+        args.layouts = ["accelerator"]
     if args.child:
         sys.path.insert(0, os.environ.get("PYTHONPATH", str(ROOT)))
         print(json.dumps(measure(json.loads(args.child))))

@@ -8,11 +8,13 @@
 #   4. examples: examples/swap_dlrm.py (the swap of TorchRec's golden script), examples/dlrm/train.py --sharder frugal and
 #      examples/graph/train.py with 1 rank, and 2 and 4 ranks sharing the GPU (gloo);
 #   5. engine: the engine's exactness with 2 and 4 ranks sharing GPU 0;
-#   6. bench: benchmarks/bench_gpu.py, then docs/gpu.md from its measurements and the table of suites.
+#   6. hostcpu: benchmarks/host_cpu.py --device cuda, the host CPU per step of each of an engine's
+#      threads on CUDA (2 ranks sharing GPU 0, the paper's criteo shape), by call;
+#   7. bench: benchmarks/bench_gpu.py, then docs/gpu.md from its measurements and the table of suites.
 #
 # Run from the repository root of a copy of the working tree on the GPU machine:
 #     bash scripts/device_check.sh
-# CHECK_PARTS="unit torchrec examples engine bench" (the default, in this order) picks parts for
+# CHECK_PARTS="unit torchrec examples engine hostcpu bench" (the default, in this order) picks parts for
 # a rerun of what failed or ran out of time. BENCH_ARGS adds arguments to bench_gpu.py: the DLRM
 # example's measurements take a call of their own, e.g.
 #     CHECK_PARTS=bench BENCH_ARGS="--suites dlrm --dlrm-runs 1x4096x10,2x4096x10,2x4096x0" bash scripts/device_check.sh
@@ -36,7 +38,7 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 exec > >(tee -a "$RES/check.log") 2>&1
 
 BENCH_RESERVE=${BENCH_RESERVE_S:-120}  # seconds kept for benchmarks/bench_gpu.py, whose JSON docs/gpu.md is written from
-PARTS=${CHECK_PARTS:-unit torchrec examples engine bench}
+PARTS=${CHECK_PARTS:-unit torchrec examples engine hostcpu bench}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 
 left() { echo $((DEADLINE - $(date +%s))); }
@@ -113,6 +115,17 @@ engine() {
   suite "engine exactness on CUDA, 4 ranks sharing GPU 0" 100 "tests/engine/test_cuda_engine.py::test_engine_exact_with_ranks_sharing_one_gpu[4]"
 }
 
+hostcpu() {
+  local name="benchmarks/host_cpu.py --device cuda: host CPU per step of each thread, by call, 2 ranks sharing GPU 0"
+  local log="$RES/logs/host_cpu.log" t; t=$(budget 150)
+  if [ "$t" -lt 40 ]; then
+    echo "not run: out of time" >"$log"; $REPORT suite "$RES" "$name" 125 "$log"; return
+  fi
+  echo "== host CPU per step on CUDA (at most ${t}s)"
+  timeout "$t" $PY benchmarks/host_cpu.py --device cuda --repeats 1 --steps 100 --calls --json "$RES/host_cpu_cuda.json" 2>&1 | tee "$log"
+  $REPORT suite "$RES" "$name" "${PIPESTATUS[0]}" "$log" --expect 'threads: .*host CPU'
+}
+
 # The examples as a user runs them; the three scripts of one rank count run side by side.
 run_examples() {
   local n=$1 t; t=$(budget 90)
@@ -149,7 +162,7 @@ examples() {
 }
 
 # CHECK_PARTS picks parts for a rerun; a part left out is listed in the table, not run.
-for part in unit torchrec examples engine; do
+for part in unit torchrec examples engine hostcpu; do
   if want "$part"; then "$part"; else $REPORT info "$RES" "$part" "not selected (CHECK_PARTS=$PARTS)"; fi
 done
 

@@ -6,8 +6,13 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .datasets import CACHE_RATIO, LOOKAHEAD
 from .priorities import QUEUE_KINDS
+
+LOOKAHEAD = 10
+"""The default lookahead window L: the paper's (it swept 2..14). The engine, the examples, the
+planner and the cost model read it here."""
+CACHE_RATIO = 0.05
+"""The default share of each table's rows a rank caches: the middle of the paper's sweep (1, 5, 10 %)."""
 OPTIMIZER_KINDS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
 HOST_PATHS = ("auto", "zero_copy", "pinned")
 

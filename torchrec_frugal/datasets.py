@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .config import CACHE_RATIO, LOOKAHEAD  # the engine's defaults, the DLRM runs' settings
+
 CRITEO_KAGGLE: Tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
     27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
@@ -77,11 +79,6 @@ BATCH_SIZES: Tuple[int, ...] = (128, 1024)
 """Per-rank batch sizes of the paper's DLRM runs."""
 CACHE_RATIOS: Tuple[float, ...] = (0.01, 0.05, 0.1)
 """Fraction of each table's rows that each rank caches on its device (the paper's sweep)."""
-LOOKAHEAD = 10
-"""The paper's lookahead window L (it swept 2..14)."""
-CACHE_RATIO = 0.05
-"""The default cache ratio (the middle of the paper's sweep): ``FrugalConfig``'s, the DLRM
-example's, and the KG example's on a GPU."""
 EMBEDDING_DIM = 32
 
 

@@ -57,6 +57,7 @@ from torchrec.distributed.types import ShardedTensor, ShardingEnv, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer
 
 from torchrec_frugal import FrugalConfig
+from torchrec_frugal.config import CACHE_RATIO, LOOKAHEAD
 
 from examples import checkpointing
 from examples.arguments import ArgumentParser
@@ -109,9 +110,6 @@ def fused_params(args: argparse.Namespace) -> Dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": args.lr, "eps": 1e-8}
 
 
-ACCELERATOR_CACHE_RATIO = FrugalConfig().cache_ratio
-
-
 def default_loader_workers(cores_per_rank: int) -> int:
     """One worker process where the rank has a core to spare for it, else none. A worker bound
     to the rank's only core takes the CPU the rank would have spent making the batch, and more:
@@ -125,10 +123,7 @@ def default_cache_ratio(device: torch.device) -> float:
     are the same DRAM: a cached row is read no faster, and its updates are written twice (store,
     then flush), so the cache only costs there (docs/performance.md, "The owner cache and the
     lookahead on a CPU device")."""
-    return 0.0 if device.type == "cpu" else ACCELERATOR_CACHE_RATIO
-
-
-DEFAULT_LOOKAHEAD = 10
+    return 0.0 if device.type == "cpu" else CACHE_RATIO
 
 
 def default_lookahead(device: torch.device, cache_ratio: float) -> int:
@@ -137,7 +132,7 @@ def default_lookahead(device: torch.device, cache_ratio: float) -> int:
     table), so the window has nothing to order and its bookkeeping would only cost (measured in
     docs/performance.md, "no lookahead without a cache"). The planner's cost model picks the
     same, L = 0, for that case."""
-    return 0 if device.type == "cpu" and cache_ratio == 0 else DEFAULT_LOOKAHEAD
+    return 0 if device.type == "cpu" and cache_ratio == 0 else LOOKAHEAD
 
 
 def frugal_sharder(args: argparse.Namespace, presample: Dict[str, torch.Tensor], config: FrugalConfig) -> nn.Module:
@@ -308,10 +303,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="torchrec: sharding of the entity table (none: table_wise); frugal_row_wise (implies --sharder frugal): one row "
                         "block per node, each served inside its node by Frugal (jobs of several nodes)")  # fmt: skip
     p.add_argument("--cache-ratio", type=float, default=None,
-                   help=f"frugal: entity rows cached per rank; none: {ACCELERATOR_CACHE_RATIO:g} on a GPU, 0 on a CPU "
+                   help=f"frugal: entity rows cached per rank; none: {CACHE_RATIO:g} on a GPU, 0 on a CPU "
                         "device, where the cache would be a second copy of rows in the same memory as the host table")  # fmt: skip
     p.add_argument("--lookahead", type=int, default=None,
-                   help=f"frugal: lookahead window L; none: {DEFAULT_LOOKAHEAD}, or 0 on a CPU device without a cache, "
+                   help=f"frugal: lookahead window L; none: {LOOKAHEAD}, or 0 on a CPU device without a cache, "
                         "where no host write is held back for it to order")  # fmt: skip
     add_frugal_arguments(p)
     p.add_argument("--eval-split", choices=("test", "valid"), default="test", help="the split ranked after training")
@@ -337,8 +332,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error("--loader-workers must be >= 0")
     check_data_path(p, args)
     # the options as given; a default left to the device (None) is valid
-    given = {"cache_ratio": ACCELERATOR_CACHE_RATIO if args.cache_ratio is None else args.cache_ratio,
-             "lookahead": DEFAULT_LOOKAHEAD if args.lookahead is None else args.lookahead}  # fmt: skip
+    given = {"cache_ratio": CACHE_RATIO if args.cache_ratio is None else args.cache_ratio,
+             "lookahead": LOOKAHEAD if args.lookahead is None else args.lookahead}  # fmt: skip
     check_frugal_config(p, argparse.Namespace(**{**vars(args), **given}))
     return args
 

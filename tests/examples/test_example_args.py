@@ -102,15 +102,16 @@ def test_the_graph_example_fills_its_machine_defaults_in_a_copy() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from examples.graph.train import ACCELERATOR_CACHE_RATIO, DEFAULT_LOOKAHEAD, machine_defaults, parse_args
+    from torchrec_frugal.config import CACHE_RATIO, LOOKAHEAD
+    from examples.graph.train import machine_defaults, parse_args
 
     args = parse_args(["--sharder", "frugal"])
     cpu = machine_defaults(args, torch.device("cpu"), 1)
     assert (cpu.cache_ratio, cpu.lookahead, cpu.loader_workers) == (0.0, 0, 0)
     gpu = machine_defaults(args, torch.device("cuda", 0), 4)
-    assert (gpu.cache_ratio, gpu.lookahead, gpu.loader_workers) == (ACCELERATOR_CACHE_RATIO, DEFAULT_LOOKAHEAD, 1)
+    assert (gpu.cache_ratio, gpu.lookahead, gpu.loader_workers) == (CACHE_RATIO, LOOKAHEAD, 1)
     assert (args.cache_ratio, args.lookahead, args.loader_workers) == (None, None, None)
     given = machine_defaults(parse_args(["--cache-ratio", "0.2", "--loader-workers", "3"]), torch.device("cpu"), 1)
-    assert (given.cache_ratio, given.lookahead, given.loader_workers) == (0.2, DEFAULT_LOOKAHEAD, 3)
+    assert (given.cache_ratio, given.lookahead, given.loader_workers) == (0.2, LOOKAHEAD, 3)
     asked = machine_defaults(parse_args(["--lookahead", "4"]), torch.device("cpu"), 1)
     assert (asked.cache_ratio, asked.lookahead) == (0.0, 4)

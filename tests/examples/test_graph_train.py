@@ -93,11 +93,12 @@ def test_the_default_cache_ratio_is_the_devices(synthetic_runs) -> None:
     lookahead asked for are the ones used."""
     assert (synthetic_runs["frugal_defaults"]["cache_ratio"], synthetic_runs["frugal_defaults"]["lookahead"]) == (0.0, 0)
     assert (synthetic_runs["frugal"]["cache_ratio"], synthetic_runs["frugal"]["lookahead"]) == (0.05, 4)
-    from examples.graph.train import ACCELERATOR_CACHE_RATIO, DEFAULT_LOOKAHEAD, default_cache_ratio, default_lookahead
+    from torchrec_frugal.config import CACHE_RATIO, LOOKAHEAD
+    from examples.graph.train import default_cache_ratio, default_lookahead
 
-    assert default_cache_ratio(torch.device("cuda", 0)) == ACCELERATOR_CACHE_RATIO > 0
+    assert default_cache_ratio(torch.device("cuda", 0)) == CACHE_RATIO > 0
     # a cache, or an accelerator (whose owners hold back the uncached rows' writes too), keeps the window
-    assert default_lookahead(torch.device("cpu"), 0.05) == default_lookahead(torch.device("cuda", 0), 0.0) == DEFAULT_LOOKAHEAD > 0
+    assert default_lookahead(torch.device("cpu"), 0.05) == default_lookahead(torch.device("cuda", 0), 0.0) == LOOKAHEAD > 0
 
 
 def test_the_default_loader_workers_are_the_cores(synthetic_runs) -> None:

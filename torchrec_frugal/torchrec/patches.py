@@ -41,7 +41,7 @@ from torchrec.distributed.types import ShardingType
 
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-from ..config import FrugalConfig, OptimizerSpec
+from ..config import CACHE_RATIO, LOOKAHEAD, FrugalConfig, OptimizerSpec
 from ..estimate.cost_model import CostTable, DenseModel, Plan, Primitives, RowDistribution, Workload, frugal_table_terms, table_traffic
 from ..estimate.profiles import link_profile
 from ..engine.optimizers import state_width
@@ -352,8 +352,8 @@ class FrugalPerfEvaluator(DataParallelEvaluator):
     def compute_perf(self, ctx: ShardPerfContext, config: HardwarePerfConfig) -> Perf:
         world = max(1, ctx.world_size)
         rows = max(1, ctx.hash_size * world)  # a frugal shard is one rank's row block of the table
-        ratio = ctx.caching_ratio if ctx.caching_ratio is not None else FrugalConfig().cache_ratio
-        plan = Plan(FRUGAL, cache_ratio=min(1.0, max(0.0, ratio)), lookahead=FrugalConfig().lookahead)
+        ratio = ctx.caching_ratio if ctx.caching_ratio is not None else CACHE_RATIO
+        plan = Plan(FRUGAL, cache_ratio=min(1.0, max(0.0, ratio)), lookahead=LOOKAHEAD)
         table = CostTable("shard", rows, ctx.emb_dim, RowDistribution.uniform(rows), pooling=ctx.batch_inputs)
         workload = Workload((table,), DenseModel(0.0, 0, 0), batch_size=1, world_size=world)
         p = Primitives(link_profile(ctx.device_bw, min(ctx.hbm_to_ddr_mem_bw, ctx.device_bw)), world)

@@ -7,6 +7,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ...config import CACHE_RATIO, LOOKAHEAD
+
 FRUGAL = "frugal"
 FRUGAL_ROW_WISE = "frugal_row_wise"  # one row block per node, each served by its node's Frugal engine
 FRUGAL_KINDS = (FRUGAL, FRUGAL_ROW_WISE)
@@ -230,8 +232,8 @@ class Plan:
     """
 
     sharding: str
-    cache_ratio: float = 0.05
-    lookahead: int = 10
+    cache_ratio: float = CACHE_RATIO
+    lookahead: int = LOOKAHEAD
     tables: Mapping[str, str] = field(default_factory=dict)
     uvm_load_factor: float = UVM_LOAD_FACTOR  # fused_uvm_caching tables: TorchRec's cache_load_factor
     uvm_algorithm: str = "lru"  # fused_uvm_caching: FBGEMM's CacheAlgorithm (LRU, its default, or LFU)
@@ -246,7 +248,7 @@ class Plan:
             raise ValueError(f"uvm_load_factor must be in (0, 1] and uvm_algorithm one of {UVM_ALGORITHMS}")
 
     @classmethod
-    def of(cls, shardings: Mapping[str, str], cache_ratio: float = 0.05, lookahead: int = 10,
+    def of(cls, shardings: Mapping[str, str], cache_ratio: float = CACHE_RATIO, lookahead: int = LOOKAHEAD,
            uvm_load_factor: float = UVM_LOAD_FACTOR) -> "Plan":
         """The plan giving each table its sharding in ``shardings`` (the most common one as default)."""
         counts = {s: list(shardings.values()).count(s) for s in SHARDINGS}

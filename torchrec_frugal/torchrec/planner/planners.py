@@ -48,7 +48,7 @@ from torchrec.distributed.types import (
     ShardingPlan,
 )
 
-from ...config import FrugalConfig, check_real
+from ...config import CACHE_RATIO, FrugalConfig, check_real
 from ...estimate.cost_model import CostModel, Plan, PlanChoice, StepCost, Workload, cache_ratio_choices
 from ...estimate.profiles import HardwareProfile
 from ..checkpoint import row_layout
@@ -404,4 +404,4 @@ class FrugalShardingPlanner(EmbeddingShardingPlanner):
         if self._config is not None:
             return self._config.cache_ratio
         config = getattr(sharder, "config", None)
-        return config.cache_ratio if isinstance(config, FrugalConfig) else FrugalConfig().cache_ratio
+        return config.cache_ratio if isinstance(config, FrugalConfig) else CACHE_RATIO

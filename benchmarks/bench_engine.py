@@ -243,7 +243,7 @@ def rank_work(rank: int, world: int, args: argparse.Namespace) -> Dict[str, Any]
     import torch
     import torch.distributed as dist
 
-    from torchrec_frugal.workload import ZipfWorkload
+    from torchrec_frugal.synthetic_ids import ZipfWorkload
 
     solo = [dist.new_group([r]) for r in range(world)][rank]
     table_rows = [max(1, int(round(n * args.rows_scale))) for n in args.tables]

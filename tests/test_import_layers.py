@@ -29,7 +29,7 @@ LAYER_OF: Dict[str, str] = {
     "quiet_exit": "base",
     "priorities": "base",
     "stack": "base",
-    "workload": "base",
+    "synthetic_ids": "base",
     "worker": "base",
     # host: shared memory, host memory, ranks of this machine
     "host": "host",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchrec_frugal import presample
-from torchrec_frugal.workload import ZipfWorkload
+from torchrec_frugal.synthetic_ids import ZipfWorkload
 
 
 def _per_table_bincount(batches: Sequence[Sequence[torch.Tensor]], rows: Sequence[int]) -> List[np.ndarray]:

@@ -31,7 +31,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_frugal import presample
-from torchrec_frugal.workload import ZipfIds
+from torchrec_frugal.synthetic_ids import ZipfIds
 
 try:  # run as a script (sys.path[0] = examples/dlrm) or imported as examples.dlrm.data
     from examples.dlrm.configs import DatasetConfig, SkewConfig

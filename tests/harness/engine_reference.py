@@ -20,7 +20,7 @@ from torchrec_frugal.engine.frugal_engine import FrugalEngine
 from torchrec_frugal.engine.optimizers import apply_update, state_width
 from torchrec_frugal.priorities import INF
 from torchrec_frugal.engine.step_plan import StepPlan
-from torchrec_frugal.workload import ZipfWorkload
+from torchrec_frugal.synthetic_ids import ZipfWorkload
 
 
 @dataclass

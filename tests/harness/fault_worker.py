@@ -12,7 +12,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from torchrec_frugal import FrugalConfig, FrugalEngine, OptimizerSpec, TableSpec  # noqa: E402
-from torchrec_frugal.workload import ZipfWorkload  # noqa: E402
+from torchrec_frugal.synthetic_ids import ZipfWorkload  # noqa: E402
 
 
 def main() -> None:

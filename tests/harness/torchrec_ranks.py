@@ -49,7 +49,7 @@ class ZipfBatches:
     """Deterministic per-rank batches (torchrec.datasets.utils.Batch) with variable bag sizes."""
 
     def __init__(self, rank: int, table_rows: List[int] = TABLE_ROWS, seed: int = 0) -> None:
-        from torchrec_frugal.workload import ZipfIds
+        from torchrec_frugal.synthetic_ids import ZipfIds
 
         self.rank = rank
         self.seed = seed

@@ -468,7 +468,7 @@ def _engine(device: str, steps: int = 30, warmup: int = 5) -> List[Dict[str, flo
 
     from ..config import FrugalConfig, OptimizerSpec, TableSpec
     from ..engine.frugal_engine import FrugalEngine
-    from ..workload import ZipfWorkload
+    from ..synthetic_ids import ZipfWorkload
 
     sizes = (200_000, 100_000, 50_000, 10_000)
     out = []

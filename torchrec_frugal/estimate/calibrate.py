@@ -68,12 +68,6 @@ def fit_profile(m: Dict[str, Any], base: HardwareProfile, name: str) -> Hardware
     a2a_bw, a2a_lat = fit_collective([(p["bytes"], p["s"]) for p in m["all_to_all"]], calls_latency=1.0)
     # a ring all-reduce of 2 ranks: 2 steps, each sending half the buffer
     ar_bw, ar_lat = fit_collective([(p["bytes"], p["s"]) for p in m["all_reduce"]], calls_latency=2.0)
-    wt = {L: [p for p in m["engine"] if p["lookahead"] == L] for L in {p["lookahead"] for p in m["engine"]}}
-    step_s, row_s = fit_line([p["rows"] for p in wt[0]], [p["s"] for p in wt[0]])
-    la = [L for L in wt if L > 0]
-    la_row_s = 0.0
-    if la:
-        la_row_s = max(0.0, fit_line([p["rows"] for p in wt[la[0]]], [p["s"] for p in wt[la[0]]])[1] - row_s)
     bw = lambda k: m[k]["bytes"] / m[k]["s"]  # noqa: E731
     fields: Dict[str, Any] = dict(
         base.to_json(),
@@ -97,9 +91,7 @@ def fit_profile(m: Dict[str, Any], base: HardwareProfile, name: str) -> Hardware
         a2a_latency_s=a2a_lat,
         allreduce_bw=ar_bw,
         allreduce_latency_s=ar_lat,
-        exchange_step_s=max(0.0, step_s),
-        exchange_row_s=max(0.0, row_s),
-        lookahead_row_s=la_row_s,
+        **fit_exchange(m["engine"]),
         extra={"measurements": m, "base": base.name},
     )
     if "h2d" in m:
@@ -112,6 +104,18 @@ def fit_profile(m: Dict[str, Any], base: HardwareProfile, name: str) -> Hardware
         # measured from one machine: a GPU calibration keeps ``base``'s figures.
         fields.update(network_bw=2.0 * a2a_bw, network_latency_s=a2a_lat)
     return profile_from_dict(fields, f"calibration of {name}")
+
+
+def fit_exchange(points: Sequence[Mapping[str, float]]) -> Dict[str, float]:
+    """exchange_step_s, exchange_row_s (from the points with L = 0) and lookahead_row_s (what L > 0
+    adds a row) from :func:`_engine`'s (lookahead, rows, seconds) points."""
+    by_l = {L: [p for p in points if p["lookahead"] == L] for L in {p["lookahead"] for p in points}}
+    step_s, row_s = fit_line([p["rows"] for p in by_l[0]], [p["s"] for p in by_l[0]])
+    la = [L for L in by_l if L > 0]
+    la_row_s = 0.0
+    if la:
+        la_row_s = max(0.0, fit_line([p["rows"] for p in by_l[la[0]]], [p["s"] for p in by_l[la[0]]])[1] - row_s)
+    return {"exchange_step_s": max(0.0, step_s), "exchange_row_s": max(0.0, row_s), "lookahead_row_s": la_row_s}
 
 
 # ---------------------------------------------------------------------------- the training loop's own time
@@ -326,7 +330,7 @@ def measure(device: str = "cpu", reps: int = 5, log: Callable[[str], None] = pri
         timed("d2h", big, lambda: pinned.copy_(on_dev, non_blocking=True))
     coll = run_ranks(2, _collectives, reps)[0]
     out.update(coll)
-    out["engine"] = _engine(device)
+    out["engine"] = measure_engine(device)
     log(f"engine: {out['engine']}")
     return out
 
@@ -460,7 +464,7 @@ def _collectives(rank: int, world: int, reps: int) -> Dict[str, Any]:
     return res
 
 
-def _engine(device: str, steps: int = 30, warmup: int = 5) -> List[Dict[str, float]]:
+def measure_engine(device: str, steps: int = 30, warmup: int = 5) -> List[Dict[str, float]]:
     """The engine's host-side phases (announce, exchange, bookkeeping) per step on one rank, at two
     batch sizes, with L = 0 and L = 10: what the exchange worker does beside the step, which the fit
     calls exchange_step_s, exchange_row_s and lookahead_row_s."""

@@ -21,16 +21,22 @@ iteration, not the step: the engine passes the steps so far plus the reads outsi
 (:meth:`~torchrec_frugal.engine.frugal_engine.FrugalEngine.lookup`).
 
 :func:`update_rows` applies the same update to rows of a table in place (an owner's store or its
-host rows); :func:`apply_update` to rows already gathered.
+host rows); :func:`apply_update` to rows already gathered; :func:`rowwise_adagrad_begin` and
+:func:`rowwise_adagrad_finish` row-wise Adagrad to an owner's rows in CPU memory, each row read
+and written where it lives.
 
 ``state_width`` is the one place that knows how many state columns each optimizer keeps: the
 engine asks it and hands the width on (host tables, owner store, host-memory check).
 """
 from __future__ import annotations
 
+from typing import Tuple
+
+import numpy as np
 import torch
 
 from ..config import OptimizerSpec
+from ..kernels.rowwise_adagrad import adagrad_rows, adagrad_state
 
 
 def state_width(spec: OptimizerSpec, dim: int) -> int:
@@ -99,3 +105,39 @@ def update_rows(
     weights.index_copy_(0, index, w)
     if state.shape[1]:
         state.index_copy_(0, index, st)
+
+
+def rowwise_adagrad_begin(
+    rows: np.ndarray, grads: torch.Tensor, slot_of: np.ndarray, store_s: torch.Tensor, host_s: torch.Tensor
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise Adagrad of the unique ``rows`` [n] with their ``grads`` [n, d] where the rows live in
+    CPU memory, in store slots or in host, each updated where it is; the first half: each row's
+    slot ``slot_of[row]`` (< 0: none), its new state ``m`` (its state in ``store_s`` [slots, 1], or
+    in ``host_s`` [rows, 1] where it has no slot, plus its mean square) and the rows with no slot.
+
+    Bit for bit :func:`apply_update`'s arithmetic with :func:`rowwise_adagrad_finish`: compiled
+    passes read and write the rows (:mod:`~torchrec_frugal.kernels.rowwise_adagrad`), the sums
+    of squares and square roots are torch's (whose float32 rounding the kernels do not reproduce).
+    """
+    n = rows.shape[0]
+    slots = np.empty(n, dtype=np.int64)
+    m = np.empty(n, dtype=np.float32)
+    uncached = np.empty(n, dtype=np.int64)
+    square_sum = torch.linalg.vecdot(grads, grads).numpy()  # :func:`_mean_square`'s, divided by the kernel
+    u = adagrad_state(rows, slot_of, square_sum, grads.shape[1], store_s.numpy(), host_s.numpy(), slots, m, uncached)
+    return slots, m, uncached[:u]
+
+
+def rowwise_adagrad_finish(
+    spec: OptimizerSpec, rows: np.ndarray, slots: np.ndarray, new_slots: np.ndarray, m: np.ndarray,
+    grads: torch.Tensor, store_w: torch.Tensor, store_s: torch.Tensor, host_w: torch.Tensor, host_s: torch.Tensor,
+) -> np.ndarray:  # fmt: skip
+    """The second half of :func:`rowwise_adagrad_begin`: each row's weights and state written where
+    it lives: store slot ``slots[i]`` where that is >= 0, else host in place, or, where
+    ``new_slots`` holds a slot for each row with none (in order), that slot, from the row's host
+    value. Returns the rows updated in the store, in order."""
+    held = np.empty(rows.shape[0], dtype=np.int64)
+    root = torch.from_numpy(m).sqrt().numpy()
+    h = adagrad_rows(rows, slots, new_slots, m, root, grads.numpy(), spec.lr, spec.eps, store_w.numpy(),
+                     store_s.numpy(), host_w.numpy(), host_s.numpy(), held)  # fmt: skip
+    return held[:h]

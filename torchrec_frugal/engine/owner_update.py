@@ -5,17 +5,22 @@ row is updated in its static slot. An uncached row is either updated in a dynami
 copy is then written by a flush, the paper's path) or, where the owner's device memory is host
 memory (a CPU device), in place in host memory. A row already in a dynamic slot (its flush still
 pending) is updated there. Host writes of the updated rows are queued by the caller.
+
+Row-wise Adagrad on a CPU device, where store and host are both host memory, runs as two compiled
+passes that read and write each row where it lives, a fresh dynamic slot filled from host on the
+way (:func:`~torchrec_frugal.engine.optimizers.rowwise_adagrad_begin`); the rest as whole-array
+torch calls on each part.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 import torch
 
 from ..config import OptimizerSpec
 from .host_tables import HostTables
-from .optimizers import update_rows
+from .optimizers import rowwise_adagrad_begin, rowwise_adagrad_finish, update_rows
 from .owner_cache import OwnerStore
 from .streams import to_device
 
@@ -30,20 +35,16 @@ class OwnerUpdate:
         self.device = host.device
         self.in_place = in_place
 
-    @property
-    def held_first(self) -> Optional[Callable[[np.ndarray], np.ndarray]]:
-        """Where rows are updated in host memory: the mask of the rows the store holds, which
-        :meth:`apply` takes best first (the gradient exchange lays its sum out so), else None."""
-        return (lambda rows: self.store.slot_of[rows] >= 0) if self.in_place else None
-
     def apply(self, iteration: int, rows: np.ndarray, grads: torch.Tensor) -> np.ndarray:
         """Update the unique owned ``rows`` with their summed ``grads`` (CPU) at the optimizer's
         ``iteration`` (see :func:`~torchrec_frugal.engine.optimizers.update_rows`); returns
         the rows updated in the store, whose host writes are now pending (the others were
-        updated in host memory).
+        updated in host memory), in the order of ``rows``.
 
         The caller holds the flusher's lock: slots are allocated here and read by the flushers.
         """
+        if self.optimizer.kind == "rowwise_adagrad" and self.device.type == "cpu":
+            return self._rowwise_adagrad_on_cpu(rows, grads)
         store = self.store
         slots = store.slot_of[rows]
         if self.in_place:
@@ -63,6 +64,16 @@ class OwnerUpdate:
         update_rows(self.optimizer, store.weights, store.state, sl, grads.to(self.device), iteration)
         return rows
 
+    def _rowwise_adagrad_on_cpu(self, rows: np.ndarray, grads: torch.Tensor) -> np.ndarray:
+        """:meth:`apply` of row-wise Adagrad where the store is in host memory (a CPU device):
+        every row updated where it is, an uncached row in host in place or (not in place) in a
+        dynamic slot allocated here and filled from host by the update itself."""
+        store, tables = self.store, self.host.tables
+        slots, m, uncached = rowwise_adagrad_begin(rows, grads, store.slot_of, store.state, tables["state"])
+        new_slots = uncached[:0] if self.in_place else store.alloc(uncached)  # in place: none
+        return rowwise_adagrad_finish(self.optimizer, rows, slots, new_slots, m, grads, store.weights, store.state,
+                                      tables["weights"], tables["state"])  # fmt: skip
+
     def _update_in_host(
         self, iteration: int, rows: np.ndarray, slots: np.ndarray, grads: torch.Tensor
     ) -> Tuple[np.ndarray, np.ndarray, torch.Tensor]:
@@ -74,13 +85,8 @@ class OwnerUpdate:
         no flusher touches a row that has no pending write.
         """
         held = slots >= 0
-        h = int(np.count_nonzero(held))
-        if h == held.shape[0]:
+        if held.all():
             return rows, slots, grads
-        if held[:h].all():  # the held rows come first (:attr:`held_first`): slices, no copies
-            update_rows(self.optimizer, self.host.tables["weights"], self.host.tables["state"],
-                        torch.from_numpy(rows[h:]), grads[h:], iteration)  # fmt: skip
-            return rows[:h], slots[:h], grads[:h]
         here = torch.from_numpy(rows[~held])
         host_grads = grads.index_select(0, torch.from_numpy(np.flatnonzero(~held)))
         update_rows(self.optimizer, self.host.tables["weights"], self.host.tables["state"], here, host_grads, iteration)

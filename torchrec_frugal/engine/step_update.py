@@ -129,7 +129,7 @@ class StepUpdate:
             s, idle=lambda: flusher.flush_once(max_priority=flusher.background_bound(), wait=False)
         )
         t2 = time.perf_counter()
-        owned, summed = self._exchange.sum_owned(self._owner_update.held_first)
+        owned, summed = self._exchange.sum_owned()
         t3 = time.perf_counter()
         rec.add("exchange", (t1 - t0) + (t3 - t2))
 

@@ -82,3 +82,13 @@ def test_first_seen_and_merge_unique_equal_numpy_unique(seed: int) -> None:
         merged, inverse = merge_unique(runs)
         ref, ref_inverse = np.unique(np.concatenate(runs), return_inverse=True)
         assert np.array_equal(merged, ref) and inverse.dtype == ref_inverse.dtype and np.array_equal(inverse, ref_inverse)
+
+
+def test_first_repeat_finds_a_repeated_value_or_none() -> None:
+    from torchrec_frugal.int_sort import first_repeat
+
+    assert first_repeat(np.array([1, 4, 9], dtype=np.int64)) is None
+    assert first_repeat(np.array([9, 1, 4], dtype=np.int64)) is None  # unique, not sorted
+    assert first_repeat(np.array([9, 1, 4, 1], dtype=np.int64)) == 1
+    assert first_repeat(np.array([3, 3], dtype=np.int64)) == 3
+    assert first_repeat(np.zeros(0, dtype=np.int64)) is None

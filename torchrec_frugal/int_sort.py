@@ -14,7 +14,7 @@ a mask at a batch's few thousand rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -93,6 +93,16 @@ def merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     """
     cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
     return unique_by_order(cat, np.argsort(cat, kind="stable"))
+
+
+def first_repeat(values: np.ndarray) -> Optional[int]:
+    """A value that occurs more than once in 1-D integer ``values``, or None if they are unique;
+    one comparison a value where they increase already (the unique rows a sort gave)."""
+    if values.size < 2 or bool(np.all(values[1:] > values[:-1])):
+        return None
+    srt = values[stable_argsort_np(values)]
+    same = np.flatnonzero(srt[1:] == srt[:-1])
+    return int(srt[same[0]]) if same.size else None
 
 
 class FirstSeen:

@@ -77,6 +77,8 @@ def _bad_input_checks(rank: int, world: int) -> dict:
         eng.lookup(step_batch)
         u = torch.unique(step_batch)
         expect("grad_shape", lambda: eng.apply_gradients(u, torch.ones(u.shape[0], 3)))
+        twice = torch.cat([u, u[-1:]])
+        expect("grad_repeat", lambda: eng.apply_gradients(twice, torch.ones(twice.shape[0], 4)))
         eng.apply_gradients(u, torch.ones(u.shape[0], 4))
     eng.push_lookahead(batch)
     expect("lookahead_mismatch", lambda: eng.begin_step(batch + 2))
@@ -107,6 +109,7 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
         assert "int64" in e["fused_dtype"], e
         assert "-1" in e["lookahead_out_of_range"], e
         assert "expected shape" in e["grad_shape"], e
+        assert "row 1091 appears more than once" in e["grad_repeat"], e  # the last row of the second step's
         assert "step 2" in e["lookahead_mismatch"] and "differs" in e["lookahead_mismatch"], e
         assert res["unchanged"] and res["step_after_mismatch"] == 2
         assert res["moved"] > 0.0  # training continued after every refused call

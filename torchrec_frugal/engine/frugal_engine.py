@@ -64,6 +64,7 @@ from .flush.flusher import Flusher
 from .gate import sync
 from ..fused_rows import FusedRows
 from ..host.rows import HostRows, RowsPart
+from ..int_sort import first_repeat
 from .host_tables import HostTables
 from ..host.local_group import LocalGroup
 from .lookahead.window import LookaheadWindow
@@ -300,11 +301,14 @@ class FrugalEngine:
         s = self.step
         if not self._in_step:
             raise FrugalError(f"rank {self.rank}: apply_gradients without begin_step (step {s})")
-        rows, _ = self._rows(unique_rows, f"gradients of step {s}")
+        rows, planned = self._rows(unique_rows, f"gradients of step {s}")
         if grads.shape != (rows.shape[0], self.dim):
             raise FrugalInputError(
                 f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
             )
+        repeated = None if planned else first_repeat(rows.numpy())
+        if repeated is not None:  # the exchange sums one gradient a row and rank
+            raise FrugalInputError(f"gradients of step {s}: row {repeated} appears more than once (sum a row's gradients first)")
         # Launch the copy to host, hand the step over (:mod:`.step_update`), and go on.
         self._update.hand_over(s, self.optimizer_iteration, rows, grads, self._reads.reads_done, divide_by)
         self._in_step = False

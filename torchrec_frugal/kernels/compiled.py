@@ -52,7 +52,8 @@ class Kernel:
                 except ImportError:
                     self._fn = self.twin
                 else:
-                    self._fn = numba.njit(cache=True, nogil=True, boundscheck=False)(self.loops)
+                    # error_model="numpy": a float division by zero gives inf or nan, as in the twins
+                    self._fn = numba.njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")(self.loops)
         return self._fn
 
 

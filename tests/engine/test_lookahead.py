@@ -6,7 +6,9 @@ from typing import Dict, Set
 import numpy as np
 import pytest
 
+from torchrec_frugal.engine.lookahead import window as window_module
 from torchrec_frugal.engine.lookahead.window import LookaheadWindow
+from torchrec_frugal.kernels.read_window import retire_entries
 from torchrec_frugal.priorities import INF
 
 
@@ -94,20 +96,18 @@ def test_hand_example():
     assert win.priorities(np.array([5, 0])).tolist() == [4, INF]
 
 
-def test_retire_costs_the_retired_step_not_the_window():
+def test_retire_costs_the_retired_step_not_the_window(monkeypatch):
     """Retiring one step touches only that step's entries, however many steps the window holds."""
     win = LookaheadWindow(100, capacity=4)
     for t in range(50):
         win.add_step(t, np.array([t, 99]))
     touched = []
-    original = win.next_read
 
-    class Spy(np.ndarray):
-        def __setitem__(self, idx, value):
-            touched.append(np.asarray(idx).size)
-            super().__setitem__(idx, value)
+    def spy(per_row, ring, lo, hi):
+        touched.append(hi - lo)
+        retire_entries(per_row, ring, lo, hi)
 
-    win.next_read = original.view(Spy)
+    monkeypatch.setattr(window_module, "retire_entries", spy)
     win.retire(0)
     assert touched == [2]
     assert win.priorities(np.array([0, 99, 1])).tolist() == [INF, 1, 1]

@@ -26,11 +26,13 @@ import heapq
 
 import numpy as np
 
+from ...kernels.pending_queue import BAD_PRIORITY, BAD_ROW, check_batch, move_rows, pop_rows, read_priorities
 from ...priorities import INF, QUEUE_KINDS
 
 __all__ = ["PendingQueue", "TwoLevelQueue", "HeapQueue", "make_queue"]
 
 _ABSENT = -1
+_NOT_PENDING = np.array([_ABSENT], dtype=np.int64)  # the priority a removal gives every row
 _INITIAL_CAPACITY = 64
 
 
@@ -113,11 +115,15 @@ class PendingQueue(abc.ABC):
     # ----------------------------------------------------------------- lookups
     def contains(self, rows: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``rows`` are pending."""
-        return self._prio[self._check_rows(rows)] != _ABSENT
+        return self.priority_of(rows) != _ABSENT
 
     def priority_of(self, rows: np.ndarray) -> np.ndarray:
         """Current priority of each row, ``-1`` for absent rows."""
-        return self._prio[self._check_rows(rows)]
+        rows = self._as_rows(rows)
+        out = np.empty(rows.size, dtype=np.int64)
+        if rows.size:
+            self._check_bounds(*read_priorities(rows, self._row_state, out))  # one pass: bounds and reads
+        return out
 
     # --------------------------------------------------------------- mutators
     @abc.abstractmethod
@@ -172,8 +178,8 @@ class PendingQueue(abc.ABC):
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)), first
 
     # ---------------------------------------------------------------- helpers
-    def _check_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Validate a batch of row ids and return it as a 1-D int64 array."""
+    def _as_rows(self, rows: np.ndarray) -> np.ndarray:
+        """A batch of row ids as a 1-D int64 array (its range not checked)."""
         arr = np.asarray(rows)
         if arr.ndim > 1:
             raise ValueError(f"rows must be 1-D, got shape {arr.shape}")
@@ -182,11 +188,20 @@ class PendingQueue(abc.ABC):
             return np.empty(0, dtype=np.int64)
         if arr.dtype.kind not in "iu":
             raise ValueError(f"rows must be integers, got dtype {arr.dtype}")
-        lo, hi = arr.min(), arr.max()
+        return arr.astype(np.int64, copy=False)
+
+    def _check_bounds(self, lo: int, hi: int) -> None:
+        """Raise unless the rows of a batch whose least is ``lo`` and greatest ``hi`` exist."""
         if lo < 0 or hi >= self._num_rows:
             bad = lo if lo < 0 else hi
             raise ValueError(f"row {int(bad)} out of range [0, {self._num_rows})")
-        return arr.astype(np.int64, copy=False)
+
+    def _check_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Validate a batch of row ids and return it as a 1-D int64 array."""
+        arr = self._as_rows(rows)
+        if arr.size:
+            self._check_bounds(arr.min(), arr.max())
+        return arr
 
     def _check_unique(self, rows: np.ndarray) -> None:
         idx = np.arange(rows.size, dtype=np.int64)
@@ -202,23 +217,31 @@ class PendingQueue(abc.ABC):
         keep = self._scratch[rows] == idx
         return rows if keep.all() else rows[keep]
 
-    def _check_priorities(self, priorities: np.ndarray | int, n: int) -> np.ndarray:
-        """Validate priorities against the window; return them as int64 of length n."""
+    def _check_upsert(self, rows: np.ndarray, priorities: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Validate an upsert's rows, then its priorities against the window.
+
+        Returns the rows (1-D int64) and the priorities as int64, ``priorities[i * stride]``
+        being row i's: a scalar stays one value (stride 0) instead of being broadcast.
+        """
+        rows = self._as_rows(rows)
         arr = np.asarray(priorities)
-        if arr.ndim == 0:
-            arr = np.full(n, arr, dtype=arr.dtype)
-        if arr.shape != (n,):
+        n = rows.size
+        if arr.ndim != 0 and arr.shape != (n,):
+            self._check_rows(rows)  # a bad row is reported first
             raise ValueError(f"priorities shape {arr.shape} does not match {n} rows")
         if n == 0:
-            return np.empty(0, dtype=np.int64)
+            return rows, np.empty(0, dtype=np.int64), 1
         if arr.dtype.kind not in "iu":
+            self._check_rows(rows)
             raise ValueError(f"priorities must be integers, got dtype {arr.dtype}")
+        prios, stride = arr.reshape(-1).astype(np.int64, copy=False), int(arr.ndim != 0)
         lo, hi = self._base, self._base + self._slots - 1
-        bad = (arr != INF) & ((arr < lo) | (arr > hi))
-        if bad.any():
-            p = int(arr[np.argmax(bad)])
-            raise ValueError(f"priority {p} is neither INF nor in the window [{lo}, {hi}]")
-        return arr.astype(np.int64, copy=False)
+        verdict, value = check_batch(rows, self._num_rows, prios, stride, lo, hi, INF)
+        if verdict == BAD_ROW:
+            self._check_bounds(value, value)
+        if verdict == BAD_PRIORITY:
+            raise ValueError(f"priority {value} is neither INF nor in the window [{lo}, {hi}]")
+        return rows, prios, stride
 
     def _slot_of(self, priorities: np.ndarray) -> np.ndarray:
         return np.where(priorities == INF, self._inf_slot, priorities % self._slots)
@@ -245,51 +268,33 @@ class TwoLevelQueue(PendingQueue):
     """The paper's two-level queue: ring of priority buckets over dense row arrays.
 
     Level one maps a priority to a bucket (``priority % (lookahead + 2)``, or the
-    INF bucket).  Level two stores each bucket as a dense row array plus count,
-    with ``pos[row]`` giving a row's index in its bucket, so insert (append),
-    remove (swap-with-tail), move and pop (take the tail) are O(1) per row.
+    INF bucket).  Level two stores each bucket as a dense row array plus count
+    (segments of one pool), with each row's position in its bucket in its record,
+    so insert (append), remove (swap-with-tail), move and pop (take the tail) are
+    O(1) per row; a batch is one compiled pass (``kernels/pending_queue.py``).
     """
 
     def __init__(self, num_rows: int, lookahead: int) -> None:
         super().__init__(num_rows, lookahead)
-        self._pos = self._row_state[:, 1]
         cap = min(_INITIAL_CAPACITY, max(self._num_rows, 1))
-        self._buckets = [np.empty(cap, dtype=np.int64) for _ in range(self._slots + 1)]
+        self._cap = np.full(self._slots + 1, cap, dtype=np.int64)  # bucket s: room for _cap[s] rows
+        self._start = np.arange(self._slots + 1, dtype=np.int64) * cap  # ... at _pool[_start[s]:]
+        self._pool = np.empty(int(self._cap.sum()), dtype=np.int64)
+        self._need = np.empty(self._slots + 1, dtype=np.int64)  # rows a batch needs room for, per bucket
 
     def upsert(self, rows: np.ndarray, priorities: np.ndarray | int, assume_unique: bool = False) -> None:
-        rows = self._check_rows(rows)
-        prios = self._check_priorities(priorities, rows.size)
+        rows, prios, stride = self._check_upsert(rows, priorities)
         if rows.size == 0:
             return
         if not assume_unique:
             self._check_unique(rows)
-        old = self._prio[rows]
-        present = old != _ABSENT
-        moved = present & (old != prios)
-        if moved.any():
-            self._detach(rows[moved], self._slot_of(old[moved]))
-        fresh = ~present | moved
-        if not fresh.all():
-            rows, prios = rows[fresh], prios[fresh]
-            if rows.size == 0:
-                return
-        self._attach(rows, self._slot_of(prios))
-        self._prio[rows] = prios
-        self._size += int(np.count_nonzero(~present))
+        self._move(rows, prios, stride)
 
     def remove(self, rows: np.ndarray) -> None:
         rows = self._check_rows(rows)
         if rows.size == 0:
             return
-        rows = self._dedupe(rows)
-        old = self._prio[rows]
-        present = old != _ABSENT
-        rows, old = rows[present], old[present]
-        if rows.size == 0:
-            return
-        self._detach(rows, self._slot_of(old))
-        self._prio[rows] = _ABSENT
-        self._size -= rows.size
+        self._move(self._dedupe(rows), _NOT_PENDING, 0)
 
     def pop_min(self, max_rows: int | None = None) -> tuple[np.ndarray, int]:
         if max_rows is not None and max_rows < 1:
@@ -299,9 +304,9 @@ class TwoLevelQueue(PendingQueue):
             return np.empty(0, dtype=np.int64), INF
         n = int(self._counts[slot])
         k = n if max_rows is None else min(n, int(max_rows))
-        out = self._buckets[slot][n - k : n].copy()
+        out = np.empty(k, dtype=np.int64)
+        pop_rows(self._row_state, self._pool, int(self._start[slot]), n, out)
         self._counts[slot] = n - k
-        self._prio[out] = _ABSENT
         self._size -= k
         return out, self._priority_of_slot(slot)
 
@@ -310,49 +315,28 @@ class TwoLevelQueue(PendingQueue):
         return None if slot is None else self._priority_of_slot(slot)
 
     # ---------------------------------------------------------------- buckets
-    def _groups(self, slots: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
-        """Split a batch by bucket; ``None`` index means the whole batch."""
-        first = int(slots[0])
-        if (slots == first).all():
-            return [(first, None)]
-        # numpy's stable sort of 16-bit keys is a radix sort: five times as fast as of int64 ones
-        keys = slots.astype(np.uint16) if self._slots < 1 << 16 else slots
-        order = np.argsort(keys, kind="stable")
-        sizes = np.bincount(slots, minlength=self._slots + 1)
-        ends = np.cumsum(sizes)
-        return [(int(s), order[ends[s] - sizes[s] : ends[s]]) for s in np.flatnonzero(sizes)]
+    def _move(self, rows: np.ndarray, prios: np.ndarray, stride: int) -> None:
+        """Give unique, checked rows the priorities ``prios[i * stride]`` (-1: not pending)."""
+        while True:
+            done, added = move_rows(rows, prios, stride, INF, self._row_state, self._pool, self._start, self._cap,
+                                    self._counts, self._need)  # fmt: skip
+            if done:
+                break
+            self._grow()
+        self._size += added
 
-    def _attach(self, rows: np.ndarray, slots: np.ndarray) -> None:
-        """Append rows to the tails of their buckets."""
-        for slot, idx in self._groups(slots):
-            part = rows if idx is None else rows[idx]
-            n, k = int(self._counts[slot]), part.size
-            buf = self._buckets[slot]
-            if n + k > buf.size:
-                grown = np.empty(min(max(n + k, 2 * buf.size), self._num_rows), dtype=np.int64)
-                grown[:n] = buf[:n]
-                self._buckets[slot] = buf = grown
-            buf[n : n + k] = part
-            self._pos[part] = np.arange(n, n + k, dtype=np.int64)
-            self._counts[slot] = n + k
-
-    def _detach(self, rows: np.ndarray, slots: np.ndarray) -> None:
-        """Remove present, unique rows by swap-with-tail: O(k) for k rows."""
-        for slot, idx in self._groups(slots):
-            part = rows if idx is None else rows[idx]
-            n, k = int(self._counts[slot]), part.size
-            m = n - k
-            buf = self._buckets[slot]
-            pos = self._pos[part]
-            in_tail = pos >= m
-            holes = pos[~in_tail]
-            if holes.size:
-                removed_tail = np.zeros(k, dtype=bool)
-                removed_tail[pos[in_tail] - m] = True
-                survivors = buf[m:n][~removed_tail]
-                buf[holes] = survivors
-                self._pos[survivors] = holes
-            self._counts[slot] = m
+    def _grow(self) -> None:
+        """Room for ``_need[s]`` rows in every bucket s: one that lacks it at least doubles (to at
+        most the table's rows). The pool is copied bucket by bucket; positions stay."""
+        short = self._need > self._cap
+        cap = np.where(short, np.minimum(np.maximum(self._need, 2 * self._cap), self._num_rows), self._cap)
+        start = np.zeros_like(self._start)
+        np.cumsum(cap[:-1], out=start[1:])
+        pool = np.empty(int(cap.sum()), dtype=np.int64)
+        for s in range(self._slots + 1):
+            n, old = int(self._counts[s]), int(self._start[s])
+            pool[start[s] : start[s] + n] = self._pool[old : old + n]
+        self._pool, self._start, self._cap = pool, start, cap
 
 
 class HeapQueue(PendingQueue):
@@ -370,12 +354,13 @@ class HeapQueue(PendingQueue):
         self._heap: list[tuple[int, int, int]] = []
 
     def upsert(self, rows: np.ndarray, priorities: np.ndarray | int, assume_unique: bool = False) -> None:
-        rows = self._check_rows(rows)
-        prios = self._check_priorities(priorities, rows.size)
+        rows, prios, stride = self._check_upsert(rows, priorities)
         if rows.size == 0:
             return
         if not assume_unique:
             self._check_unique(rows)
+        if not stride:
+            prios = np.full(rows.size, prios[0], dtype=np.int64)
         old = self._prio[rows]
         present = old != _ABSENT
         changed = old != prios

@@ -15,11 +15,10 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 import numpy as np
-import torch
 
 from ...host.control_record import INGESTED, PUBLISHED, Control
 from ...errors import FrugalError
-from ...int_sort import FirstSeen
+from ...kernels.announce import AnnounceScratch
 from ...host.mailbox import Record
 from ...metrics import WAIT_RING
 
@@ -40,25 +39,32 @@ class LookaheadRing:
         self.world_size = control.world_size
         self.ring = ring
         self.control = control
-        self.owner = owner
-        self.announced = announced  # per row: are this rank's host reads of it announced
-        self._publishing = FirstSeen(owner.shape[0])  # the publisher's (one thread)
-        self._collecting = FirstSeen(owner.shape[0])  # the ingester's (one thread)
+        # One record per row, so that a row a publish keeps costs one cache miss, not two; both
+        # fields are views of it (a test may clear ``announced`` in place).
+        per_row = np.empty(owner.shape[0], dtype=np.dtype([("owner", owner.dtype), ("announced", np.bool_)]))
+        per_row["owner"] = owner
+        per_row["announced"] = announced
+        self.owner = per_row["owner"]
+        self.announced = per_row["announced"]  # per row: are this rank's host reads of it announced
+        self._publishing = AnnounceScratch(owner.shape[0])  # the publisher's (one thread)
+        self._collecting = AnnounceScratch(owner.shape[0])  # the ingester's (one thread)
+        self._counts = np.empty(self.world_size, dtype=np.int64)  # the publisher's: rows per owner
 
     def publish(self, t: int, rows: np.ndarray, idle: Optional[Callable[[], bool]] = None) -> None:
-        """Announce the rows this rank reads from host at step t that a pending write can hold, grouped by owner."""
-        u = self._publishing.unique(rows[self.announced[rows]])
-        own = self.owner[u]
-        order = np.argsort(own, kind="stable")
+        """Announce the rows this rank reads from host at step t that a pending write can hold, grouped by owner.
+
+        Compiled passes dedupe, filter and group the rows; the slot is written through the
+        record's numpy views (a torch op costs more than these copies)."""
+        grouped = self._publishing.announce(rows, self.announced, self.owner, self._counts)
         slot = t % self.ring
         # The slot held step t - ring; every owner must have ingested it before we overwrite.
         self.control.wait(
             WAIT_RING, lambda: self.control.behind(INGESTED, t - self.ring), f"owners to ingest lookahead step {t - self.ring}", idle
         )
-        box = self.record.own(u.shape[0])
-        box["la_rows"][slot, : u.shape[0]] = torch.from_numpy(u[order])
-        box["la_counts"][slot] = torch.from_numpy(np.bincount(own, minlength=self.world_size))
-        box["la_step"][slot] = t
+        box = self.record.own(grouped.shape[0])
+        box.array("la_rows")[slot, : grouped.shape[0]] = grouped
+        box.array("la_counts")[slot] = self._counts
+        box.array("la_step")[slot] = t
         self.control.set(PUBLISHED, t)
 
     def published_through(self) -> int:
@@ -80,4 +86,4 @@ class LookaheadRing:
             counts = box.array("la_counts")[slot]
             lo = int(counts[: self.rank].sum())
             parts.append(box.array("la_rows")[slot, lo : lo + int(counts[self.rank])])
-        return self._collecting.unique(np.concatenate(parts))
+        return self._collecting.unique(parts)

@@ -8,8 +8,8 @@ the earliest such step, or INF. That is the flush priority of a row with a pendi
 
 Every read in the window is an entry of one flat ring, in step order, and each entry links to
 the step of the same row's next entry. Ingesting a step and retiring one therefore cost O(rows
-of that step), vectorized, whatever the window's length: retiring step s sets the next read of
-each row it held to that row's link.
+of that step), one compiled pass (``kernels/read_window.py``), whatever the window's length:
+retiring step s sets the next read of each row it held to that row's link.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Deque, Tuple
 
 import numpy as np
 
+from ...kernels.read_window import add_step, retire_entries
 from ...priorities import INF
 
 
@@ -30,14 +31,15 @@ class LookaheadWindow:
         per_row = np.empty((num_rows, 2), dtype=np.int64)
         per_row[:, 0] = INF
         per_row[:, 1] = -1
+        self._per_row = per_row
         self.next_read = per_row[:, 0]
-        self._latest = per_row[:, 1]  # the row's newest entry (global index), -1: none
         self.last_step = -1  # W: newest ingested step
         self._steps: Deque[Tuple[int, int, int]] = deque()  # (step, first entry, end entry)
         self._lo = 0  # global index of the oldest live entry
         self._hi = 0  # global index one past the newest entry
-        self._rows = np.empty(capacity, dtype=np.int64)  # entry -> row
-        self._link = np.empty(capacity, dtype=np.int64)  # entry -> step of the row's next entry, or INF
+        # Entry e at ring[e & (len - 1)]: (row, step of the row's next entry or INF); a power of
+        # two long, so that an entry's place is a mask, not a division.
+        self._ring = np.empty((_power_of_two(capacity), 2), dtype=np.int64)
 
     def add_step(self, step: int, rows: np.ndarray) -> np.ndarray:
         """Ingest the (unique) rows read from host at ``step``; returns rows whose next read was INF."""
@@ -47,41 +49,35 @@ class LookaheadWindow:
         n = rows.shape[0]
         self._reserve(n)
         self.last_step = step
-        cap = self._rows.shape[0]
-        entries = np.arange(self._hi, self._hi + n, dtype=np.int64)
-        prev = self._latest[rows]
-        live = prev >= self._lo
-        self._link[prev[live] % cap] = step
-        self._rows[entries % cap] = rows
-        self._link[entries % cap] = INF
-        self._latest[rows] = entries
+        newly = np.empty(n, dtype=np.int64)
+        k = add_step(rows, step, self._per_row, self._ring, self._lo, self._hi, INF, newly)
         self._steps.append((step, self._hi, self._hi + n))
         self._hi += n
-        newly = rows[~live]  # no live entry before: the next read was INF
-        self.next_read[newly] = step
-        return newly
+        return newly[:k]
 
     def retire(self, step: int) -> None:
         """Forget reads at steps <= ``step``; each row they held moves on to its next read."""
-        cap = self._rows.shape[0]
+        lo = self._lo
         while self._steps and self._steps[0][0] <= step:
-            _, lo, hi = self._steps.popleft()
-            at = np.arange(lo, hi, dtype=np.int64) % cap
-            self.next_read[self._rows[at]] = self._link[at]
-            self._lo = hi
+            self._lo = self._steps.popleft()[2]
+        if self._lo > lo:
+            retire_entries(self._per_row, self._ring, lo, self._lo)
 
     def priorities(self, rows: np.ndarray) -> np.ndarray:
         return self.next_read[rows]
 
     def _reserve(self, n: int) -> None:
         """Grow the ring (keeping each live entry's global index) so that n more entries fit."""
-        cap = self._rows.shape[0]
+        cap = self._ring.shape[0]
         need = self._hi - self._lo + n
         if need <= cap:
             return
-        new_cap = max(need, 2 * cap)
+        grown = np.empty((_power_of_two(max(need, 2 * cap)), 2), dtype=np.int64)
         old = np.arange(self._lo, self._hi, dtype=np.int64)
-        for name in ("_rows", "_link"):
-            grown = np.empty(new_cap, dtype=np.int64)
-            grown[old % new_cap] = getattr(self, name)[old % cap]
-            setattr(self, name, grown)
+        grown[old & (grown.shape[0] - 1)] = self._ring[old & (cap - 1)]
+        self._ring = grown
+
+
+def _power_of_two(n: int) -> int:
+    """The least power of two >= n (1 for n < 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()

@@ -112,6 +112,20 @@ def test_remove_swap_with_tail_keeps_positions(kind):
     assert sorted(q.pop_min()[0].tolist()) == survivors[1::2].tolist()
 
 
+def test_undefer_moves_only_the_deferred_rows(kind):
+    q = make_queue(kind, 100, 3)  # finite 0..4
+    q.upsert(rows_of(1, 2, 3), rows_of(INF, 2, INF))
+    q.undefer(rows_of(1, 2, 3, 4), 1)  # 2 is due at 2 already, 4 is not pending: both stay as they are
+    assert q.priority_of(rows_of(1, 2, 3, 4)).tolist() == [1, 2, 1, -1]
+    assert q.bucket_sizes().tolist() == [0, 2, 1, 0, 0, 0]
+    q.undefer(rows_of(), 1)
+    with pytest.raises(ValueError, match="priority 9"):
+        q.undefer(rows_of(1), 9)
+    with pytest.raises(ValueError, match="row 100"):
+        q.undefer(rows_of(100), 1)
+    assert sorted_pop(q) == ([1, 3], 1)
+
+
 def test_advance(kind):
     q = make_queue(kind, 100, 2)  # window [base, base+3]
     q.upsert(rows_of(1, 2, 3), rows_of(1, 2, INF))

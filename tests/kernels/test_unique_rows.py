@@ -16,7 +16,7 @@ def _ids(seed: int, num_rows: int, n: int) -> np.ndarray:
     return (rng.zipf(1.3, n).astype(np.int64) * 7919) % num_rows  # repeats, spread over the table
 
 
-@pytest.mark.parametrize("num_rows, n", [(500, 400), (100_000, 300), (64, 0), (65, 1), (1, 5)])
+@pytest.mark.parametrize("num_rows, n", [(500, 400), (1_000_000, 300), (64, 0), (65, 1), (1, 5)])
 @pytest.mark.parametrize("seed", range(3))
 def test_distinct_in_the_order_of_last_occurrence(seed: int, num_rows: int, n: int) -> None:
     """Both ways of clearing (all the bitmap when small beside the ids, else the words marked)."""

@@ -2,7 +2,8 @@
 
 After :func:`~.unique_rows.unique_rows`, one pass reads each distinct row's flag and owner (both
 in one per-row record, so one cache miss a row) and nothing else, so that the misses of
-successive rows overlap; then, in cache, each owner's rows are counted and placed: no sort. Each group keeps the order of the rows' last ids.
+successive rows overlap; then, in cache, each owner's rows are counted and placed: no sort.
+Each group keeps the order of the rows' last ids.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class AnnounceScratch:
 
 
 def _group_twin(
-    rows: np.ndarray, announced: np.ndarray, owner: np.ndarray, owners: np.ndarray, grouped: np.ndarray, counts: np.ndarray
+    rows: np.ndarray, announced: np.ndarray, owner: np.ndarray, owners: np.ndarray, grouped: np.ndarray,
+    counts: np.ndarray,
 ) -> int:  # fmt: skip
     kept = rows[announced[rows]]
     own = owner[kept]
@@ -60,7 +62,8 @@ def _group_twin(
 
 @kernel(_group_twin)
 def group_by_owner(
-    rows: np.ndarray, announced: np.ndarray, owner: np.ndarray, owners: np.ndarray, grouped: np.ndarray, counts: np.ndarray
+    rows: np.ndarray, announced: np.ndarray, owner: np.ndarray, owners: np.ndarray, grouped: np.ndarray,
+    counts: np.ndarray,
 ) -> int:  # fmt: skip
     """Writes the ``rows`` whose ``announced`` is set into ``grouped``, grouped by ``owner``
     (owner 0's first), each group in the rows' order; ``counts[o]``: owner o's rows. Returns

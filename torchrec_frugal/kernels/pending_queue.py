@@ -5,7 +5,8 @@ or -1, position in its bucket)``, and its buckets as segments of one pool: bucke
 ``counts[s]`` rows at ``pool[start[s]:]``, room for ``cap[s]``. A batch of moves detaches the
 rows leaving each bucket at once (the bucket's surviving tail rows fill their holes, in order),
 then appends the rows entering each bucket in the batch's order: what the numpy twins do with
-one vectorized call per bucket, here without a sort and reading each row's record once.
+one vectorized call per bucket, here without a sort and reading each row's record once. A pop
+takes the tails of the due buckets, lowest priority first, in one call however many buckets.
 """
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ import numpy as np
 from .compiled import kernel
 
 ABSENT = -1  # the priority of a row that is not pending
+ANY = -2  # move_rows' ``only_from`` that moves a row whatever its priority
 OK, BAD_ROW, BAD_PRIORITY = 0, 1, 2  # check_batch's verdicts
 
 
-def _check_twin(rows: np.ndarray, num_rows: int, prios: np.ndarray, stride: int, lo: int, hi: int, inf: int) -> Tuple[int, int]:
+def _check_twin(
+    rows: np.ndarray, num_rows: int, prios: np.ndarray, stride: int, lo: int, hi: int, inf: int
+) -> Tuple[int, int]:
     low, high = int(rows.min()), int(rows.max())
     if low < 0 or high >= num_rows:
         return BAD_ROW, low if low < 0 else high
@@ -31,7 +35,9 @@ def _check_twin(rows: np.ndarray, num_rows: int, prios: np.ndarray, stride: int,
 
 
 @kernel(_check_twin)
-def check_batch(rows: np.ndarray, num_rows: int, prios: np.ndarray, stride: int, lo: int, hi: int, inf: int) -> Tuple[int, int]:
+def check_batch(
+    rows: np.ndarray, num_rows: int, prios: np.ndarray, stride: int, lo: int, hi: int, inf: int
+) -> Tuple[int, int]:
     """Checks a non-empty batch: ``(BAD_ROW, the least row if negative, else the greatest)`` if
     a row is outside ``[0, num_rows)``, else ``(BAD_PRIORITY, the first one)`` if a priority
     (``prios[i * stride]``) is neither ``inf`` nor in ``[lo, hi]``, else ``(OK, 0)``."""
@@ -75,11 +81,16 @@ def _slot_twin(prios: np.ndarray, inf: int, finite: int) -> np.ndarray:
     return np.where(prios == inf, finite, prios % finite)
 
 
-def _move_twin(rows: np.ndarray, prios: np.ndarray, stride: int, inf: int, state: np.ndarray, pool: np.ndarray,
-               start: np.ndarray, cap: np.ndarray, counts: np.ndarray, need: np.ndarray) -> Tuple[bool, int]:  # fmt: skip
+def _move_twin(
+    rows: np.ndarray, prios: np.ndarray, stride: int, only_from: int, inf: int, state: np.ndarray, pool: np.ndarray,
+    start: np.ndarray, cap: np.ndarray, counts: np.ndarray, need: np.ndarray,
+) -> Tuple[bool, int]:  # fmt: skip
     finite = counts.shape[0] - 1
     p = prios if stride else np.full(rows.shape[0], prios[0], dtype=np.int64)
     old = state[rows, 0]
+    if only_from != ANY:
+        keep = old == only_from
+        rows, p, old = rows[keep], p[keep], old[keep]
     present = old != ABSENT
     moved = present & (old != p)
     fresh = (p != ABSENT) & (~present | moved)
@@ -115,9 +126,12 @@ def _move_twin(rows: np.ndarray, prios: np.ndarray, stride: int, inf: int, state
 
 
 @kernel(_move_twin)
-def move_rows(rows: np.ndarray, prios: np.ndarray, stride: int, inf: int, state: np.ndarray, pool: np.ndarray,
-              start: np.ndarray, cap: np.ndarray, counts: np.ndarray, need: np.ndarray) -> Tuple[bool, int]:  # fmt: skip
-    """Gives the unique ``rows`` the priorities ``prios[i * stride]`` (``ABSENT``: remove the row).
+def move_rows(
+    rows: np.ndarray, prios: np.ndarray, stride: int, only_from: int, inf: int, state: np.ndarray, pool: np.ndarray,
+    start: np.ndarray, cap: np.ndarray, counts: np.ndarray, need: np.ndarray,
+) -> Tuple[bool, int]:  # fmt: skip
+    """Gives the unique ``rows`` the priorities ``prios[i * stride]`` (``ABSENT``: remove the row);
+    only those whose priority is ``only_from``, unless it is ``ANY``.
 
     Bucket of priority p: ``p % (len(counts) - 1)``, the last one for ``inf``. Returns ``(True,
     pending rows added less removed)``; or ``(False, 0)``, changing nothing, where a bucket
@@ -137,7 +151,7 @@ def move_rows(rows: np.ndarray, prios: np.ndarray, stride: int, inf: int, state:
     for i in range(n):
         p = prios[i * stride]
         o = move[i]
-        if o == p:
+        if o == p or (only_from != ANY and o != only_from):
             move[i] = -1
             continue
         a = none if o == ABSENT else (finite if o == inf else o % finite)
@@ -218,18 +232,66 @@ def move_rows(rows: np.ndarray, prios: np.ndarray, stride: int, inf: int, state:
     return True, added
 
 
-def _pop_twin(state: np.ndarray, pool: np.ndarray, start: int, n: int, out: np.ndarray) -> None:
-    k = out.shape[0]
-    out[:] = pool[start + n - k : start + n]
-    state[out, 0] = ABSENT
+def _pop_twin(state: np.ndarray, pool: np.ndarray, start: np.ndarray, counts: np.ndarray, base: int, due: int,
+              inf_due: bool, buckets: int, out: np.ndarray) -> Tuple[int, int]:  # fmt: skip
+    finite = counts.shape[0] - 1
+    k, first = 0, -1
+    for s in [(base + i) % finite for i in range(due)] + ([finite] if inf_due else []):
+        n = int(counts[s])
+        take = min(n, out.shape[0] - k)
+        if n == 0 or take == 0 or buckets == 0:
+            continue
+        first = s if first < 0 else first
+        out[k : k + take] = pool[start[s] + n - take : start[s] + n]
+        counts[s] = n - take
+        k += take
+        buckets -= 1
+    state[out[:k], 0] = ABSENT
+    return k, first
 
 
 @kernel(_pop_twin)
-def pop_rows(state: np.ndarray, pool: np.ndarray, start: int, n: int, out: np.ndarray) -> None:
-    """Takes the last ``len(out)`` of the ``n`` rows of the bucket at ``pool[start:]`` into
-    ``out``, in their order, and marks them not pending (the caller lowers the bucket's count)."""
-    k = out.shape[0]
-    for j in range(k):
-        r = pool[start + n - k + j]
-        out[j] = r
-        state[r, 0] = ABSENT
+def pop_due(state: np.ndarray, pool: np.ndarray, start: np.ndarray, counts: np.ndarray, base: int, due: int,
+            inf_due: bool, buckets: int, out: np.ndarray) -> Tuple[int, int]:  # fmt: skip
+    """Pops into ``out`` (as many rows as it holds, at most) the rows of the lowest priorities
+    first: ``base .. base + due - 1``, then ``inf`` if ``inf_due``; from at most ``buckets``
+    buckets, each bucket's rows from its tail, in their order. Returns how many rows, and the
+    bucket of the first (-1: none)."""
+    finite = counts.shape[0] - 1
+    k = 0
+    first = -1
+    for i in range(due + inf_due):
+        s = (base + i) % finite if i < due else finite
+        n = counts[s]
+        take = min(n, out.shape[0] - k)
+        if n == 0 or take == 0 or buckets == 0:
+            continue
+        if first < 0:
+            first = s
+        at = start[s] + n - take
+        for j in range(take):
+            r = pool[at + j]
+            out[k + j] = r
+            state[r, 0] = ABSENT
+        counts[s] = n - take
+        k += take
+        buckets -= 1
+    return k, first
+
+
+def _lowest_twin(counts: np.ndarray, base: int) -> int:
+    finite = counts.shape[0] - 1
+    order = np.r_[(base + np.arange(finite)) % finite, finite]
+    held = np.flatnonzero(counts[order])
+    return int(order[held[0]]) if held.size else -1
+
+
+@kernel(_lowest_twin)
+def lowest_slot(counts: np.ndarray, base: int) -> int:
+    """The bucket of the lowest pending priority (from ``base``, then ``inf``'s); -1: none."""
+    finite = counts.shape[0] - 1
+    for i in range(finite):
+        s = (base + i) % finite
+        if counts[s]:
+            return s
+    return finite if counts[finite] else -1

@@ -26,7 +26,8 @@ import heapq
 
 import numpy as np
 
-from ...kernels.pending_queue import BAD_PRIORITY, BAD_ROW, check_batch, move_rows, pop_rows, read_priorities
+from ...kernels.pending_queue import (ANY, BAD_PRIORITY, BAD_ROW, check_batch, lowest_slot, move_rows, pop_due,
+                                      read_priorities)
 from ...priorities import INF, QUEUE_KINDS
 
 __all__ = ["PendingQueue", "TwoLevelQueue", "HeapQueue", "make_queue"]
@@ -101,8 +102,8 @@ class PendingQueue(abc.ABC):
 
     def bucket_sizes(self) -> np.ndarray:
         """Row counts for priorities ``base .. base + lookahead + 1``, then ``INF``."""
-        order = (self._base + np.arange(self._slots, dtype=np.int64)) % self._slots
-        return np.concatenate([self._counts[order], self._counts[self._inf_slot:]])
+        c, i = self._counts, self._base % self._slots
+        return np.concatenate((c[i : self._slots], c[:i], c[self._slots :]))
 
     def __len__(self) -> int:
         return self._size
@@ -115,15 +116,11 @@ class PendingQueue(abc.ABC):
     # ----------------------------------------------------------------- lookups
     def contains(self, rows: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``rows`` are pending."""
-        return self.priority_of(rows) != _ABSENT
+        return self._priorities(rows) != _ABSENT
 
     def priority_of(self, rows: np.ndarray) -> np.ndarray:
         """Current priority of each row, ``-1`` for absent rows."""
-        rows = self._as_rows(rows)
-        out = np.empty(rows.size, dtype=np.int64)
-        if rows.size:
-            self._check_bounds(*read_priorities(rows, self._row_state, out))  # one pass: bounds and reads
-        return out
+        return self._priorities(rows)
 
     # --------------------------------------------------------------- mutators
     @abc.abstractmethod
@@ -137,6 +134,14 @@ class PendingQueue(abc.ABC):
         broadcast.  All checks run before any change, so a rejected call leaves
         the queue untouched.
         """
+
+    def undefer(self, rows: np.ndarray, priority: int) -> None:
+        """Give the (unique) ``rows`` that are pending with priority ``INF`` the finite
+        ``priority``; the others stay as they are. Checked as :meth:`upsert` checks."""
+        rows, prios, _ = self._check_upsert(rows, priority)
+        deferred = rows[self._priorities(rows) == INF]
+        if deferred.size:
+            self.upsert(deferred, prios[0], assume_unique=True)
 
     @abc.abstractmethod
     def remove(self, rows: np.ndarray) -> None:
@@ -203,6 +208,14 @@ class PendingQueue(abc.ABC):
             self._check_bounds(arr.min(), arr.max())
         return arr
 
+    def _priorities(self, rows: np.ndarray) -> np.ndarray:
+        """The priority of each row (-1: absent), the rows checked in the same pass."""
+        rows = self._as_rows(rows)
+        out = np.empty(rows.size, dtype=np.int64)
+        if rows.size:
+            self._check_bounds(*read_priorities(rows, self._row_state, out))
+        return out
+
     def _check_unique(self, rows: np.ndarray) -> None:
         idx = np.arange(rows.size, dtype=np.int64)
         self._scratch[rows] = idx
@@ -255,14 +268,6 @@ class PendingQueue(abc.ABC):
             return INF
         return self._base + (slot - self._base) % self._slots
 
-    def _lowest_slot(self) -> int | None:
-        """Scan at most ``lookahead + 2`` counts from ``base``, then INF."""
-        for i in range(self._slots):
-            slot = (self._base + i) % self._slots
-            if self._counts[slot]:
-                return slot
-        return self._inf_slot if self._counts[self._inf_slot] else None
-
 
 class TwoLevelQueue(PendingQueue):
     """The paper's two-level queue: ring of priority buckets over dense row arrays.
@@ -290,6 +295,11 @@ class TwoLevelQueue(PendingQueue):
             self._check_unique(rows)
         self._move(rows, prios, stride)
 
+    def undefer(self, rows: np.ndarray, priority: int) -> None:
+        rows, prios, stride = self._check_upsert(rows, priority)
+        if rows.size:
+            self._move(rows, prios, stride, only_from=INF)  # one pass: no priority_of first
+
     def remove(self, rows: np.ndarray) -> None:
         rows = self._check_rows(rows)
         if rows.size == 0:
@@ -299,27 +309,37 @@ class TwoLevelQueue(PendingQueue):
     def pop_min(self, max_rows: int | None = None) -> tuple[np.ndarray, int]:
         if max_rows is not None and max_rows < 1:
             raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
-        slot = self._lowest_slot()
-        if slot is None:
-            return np.empty(0, dtype=np.int64), INF
-        n = int(self._counts[slot])
-        k = n if max_rows is None else min(n, int(max_rows))
-        out = np.empty(k, dtype=np.int64)
-        pop_rows(self._row_state, self._pool, int(self._start[slot]), n, out)
-        self._counts[slot] = n - k
-        self._size -= k
-        return out, self._priority_of_slot(slot)
+        return self._pop(self._slots, True, 1, self._size if max_rows is None else int(max_rows))
+
+    def pop_through(self, max_priority: int | None, max_rows: int) -> tuple[np.ndarray, int]:
+        if max_priority is None or max_priority >= INF:
+            due, inf_due = self._slots, True
+        else:
+            due, inf_due = min(max(max_priority - self._base + 1, 0), self._slots), False
+        return self._pop(due, inf_due, self._slots + 1, int(max_rows))
 
     def min_priority(self) -> int | None:
-        slot = self._lowest_slot()
-        return None if slot is None else self._priority_of_slot(slot)
+        slot = lowest_slot(self._counts, self._base)
+        return None if slot < 0 else self._priority_of_slot(slot)
 
     # ---------------------------------------------------------------- buckets
-    def _move(self, rows: np.ndarray, prios: np.ndarray, stride: int) -> None:
-        """Give unique, checked rows the priorities ``prios[i * stride]`` (-1: not pending)."""
+    def _pop(self, due: int, inf_due: bool, buckets: int, max_rows: int) -> tuple[np.ndarray, int]:
+        """Pop up to ``max_rows`` rows of the priorities ``base .. base + due - 1`` (then ``INF``
+        if ``inf_due``), lowest first, from at most ``buckets`` buckets, in one pass."""
+        out = np.empty(max(0, min(max_rows, self._size)), dtype=np.int64)
+        k, slot = pop_due(self._row_state, self._pool, self._start, self._counts, self._base, due, inf_due, buckets,
+                          out)  # fmt: skip
+        if slot < 0:
+            return np.empty(0, dtype=np.int64), INF
+        self._size -= k
+        return out[:k], self._priority_of_slot(slot)
+
+    def _move(self, rows: np.ndarray, prios: np.ndarray, stride: int, only_from: int = ANY) -> None:
+        """Give unique, checked rows the priorities ``prios[i * stride]`` (-1: not pending); only
+        those pending with ``only_from``, unless it is ``ANY``."""
         while True:
-            done, added = move_rows(rows, prios, stride, INF, self._row_state, self._pool, self._start, self._cap,
-                                    self._counts, self._need)  # fmt: skip
+            done, added = move_rows(rows, prios, stride, only_from, INF, self._row_state, self._pool, self._start,
+                                    self._cap, self._counts, self._need)  # fmt: skip
             if done:
                 break
             self._grow()

@@ -32,7 +32,6 @@ from .window import LookaheadWindow
 from .ring import LookaheadRing
 from .worker import LookaheadWorker
 from ...metrics import WAIT_PUBLISHED
-from ...priorities import INF
 
 
 def lookahead_thread(device: torch.device) -> bool:
@@ -160,9 +159,7 @@ class LookaheadFeed:
             with flusher.lock:
                 newly = self.window.add_step(t, rows_t)
                 if newly.size:
-                    deferred = newly[flusher.queue.priority_of(newly) == INF]
-                    if deferred.size:
-                        flusher.queue.upsert(deferred, t, assume_unique=True)  # a step's rows are unique
+                    flusher.queue.undefer(newly, t)  # deferred rows read at t are due then; a step's rows are unique
                 self.control.set(INGESTED, t)
                 flusher.publish_progress()
                 flusher.wake_all()

@@ -74,6 +74,8 @@ CALLS: Tuple[Tuple[str, str, str, str], ...] = (
     ("engine.lookahead.window", "LookaheadWindow", "priorities", "window: priorities"),
     ("engine.flush.priority_queue", "TwoLevelQueue", "upsert", "queue: upsert"),
     ("engine.flush.priority_queue", "TwoLevelQueue", "pop_min", "queue: pop"),
+    ("engine.flush.priority_queue", "TwoLevelQueue", "pop_through", "queue: pop through"),
+    ("engine.flush.priority_queue", "TwoLevelQueue", "undefer", "queue: undefer"),
     ("engine.flush.priority_queue", "TwoLevelQueue", "min_priority", "queue: min"),
     ("engine.flush.priority_queue", "PendingQueue", "contains", "queue: contains"),
     ("engine.flush.priority_queue", "PendingQueue", "priority_of", "queue: priority_of"),

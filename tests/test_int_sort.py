@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from torchrec_frugal.int_sort import (
-    FirstSeen,
-    merge_unique,
     sorted_unique,
     stable_argsort,
     stable_argsort_np,
@@ -68,20 +66,6 @@ def test_unique_inverse_np_equals_numpy_unique(dtype: type, bound: int, n: int) 
     assert values.dtype == ref_values.dtype and np.array_equal(values, ref_values)
     assert inverse.dtype == ref_inverse.dtype and inverse.shape == ids.shape and np.array_equal(inverse, ref_inverse)
     np.testing.assert_array_equal(values[inverse], ids)
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_first_seen_and_merge_unique_equal_numpy_unique(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    seen = FirstSeen(max(1, 3000 // 3))
-    for n in (0, 1, 2, 50, 3000):
-        rows = rng.integers(0, max(1, n // 3), size=n)
-        got = seen.unique(rows)
-        assert got.shape == np.unique(rows).shape and np.array_equal(np.sort(got), np.unique(rows))
-        runs = [np.unique(rng.integers(0, 100, size=rng.integers(0, 40))) for _ in range(rng.integers(1, 5))]
-        merged, inverse = merge_unique(runs)
-        ref, ref_inverse = np.unique(np.concatenate(runs), return_inverse=True)
-        assert np.array_equal(merged, ref) and inverse.dtype == ref_inverse.dtype and np.array_equal(inverse, ref_inverse)
 
 
 def test_first_repeat_finds_a_repeated_value_or_none() -> None:

@@ -1,5 +1,6 @@
 """Sorted sets of non-negative integer ids on CPU: stable radix sorts, unique ids with their
-inverse, and merges of sorted runs. Every deduplication of row ids in the package goes through here.
+inverse, and the check that rows are unique. The engine's per-step deduplications run compiled
+(:mod:`~torchrec_frugal.kernels`); every other one in the package goes through here.
 
 numpy's stable sort of 16-bit integers is a radix sort, O(n); of wider integers it is a timsort.
 PyTorch's CPU sort uses its radix sort only from 32,768 values up and a comparison sort below,
@@ -14,7 +15,7 @@ a mask at a batch's few thousand rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -86,15 +87,6 @@ def unique_inverse_np(values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return unique_by_order(values, stable_argsort_np(values))
 
 
-def merge_unique(parts: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """Unique values of the concatenation of sorted runs, and each element's index into them.
-
-    A stable sort of a few sorted runs is a merge (timsort), cheaper than hashing every value.
-    """
-    cat = np.concatenate(parts) if len(parts) != 1 else parts[0]
-    return unique_by_order(cat, np.argsort(cat, kind="stable"))
-
-
 def first_repeat(values: np.ndarray) -> Optional[int]:
     """A value that occurs more than once in 1-D integer ``values``, or None if they are unique;
     one comparison a value where they increase already (the unique rows a sort gave)."""
@@ -103,34 +95,6 @@ def first_repeat(values: np.ndarray) -> Optional[int]:
     srt = values[stable_argsort_np(values)]
     same = np.flatnonzero(srt[1:] == srt[:-1])
     return int(srt[same[0]]) if same.size else None
-
-
-class FirstSeen:
-    """Unique values of integer arrays in ``[0, bound)``, by marking a scratch array of the bound:
-    two scattered passes over the values and no sort (a sort of a step's 26,624 ids costs three
-    times as much). The unique values come in no particular order. One thread at a time."""
-
-    def __init__(self, bound: int) -> None:
-        self._seen = np.zeros(bound, dtype=np.int32)
-
-    def unique(self, values: np.ndarray) -> np.ndarray:
-        """The unique ``values``: of each repeated value, exactly one position of it is kept."""
-        n = values.shape[0]
-        if n <= 1:
-            return values
-        at = np.arange(n, dtype=np.int32)
-        self._seen[values] = at  # of repeated values one position is left: the one kept
-        return values[self._seen[values] == at]
-
-
-def _drop_repeats(srt: np.ndarray) -> np.ndarray:
-    """The unique values of a sorted array."""
-    if srt.size <= 1:
-        return srt
-    first = np.empty(srt.shape[0], dtype=bool)
-    first[0] = True
-    np.not_equal(srt[1:], srt[:-1], out=first[1:])
-    return srt[first]
 
 
 def _runs(values: np.ndarray, order: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrec_frugal.int_sort import FirstSeen
+from first_seen import first_seen_unique
 from torchrec_frugal.kernels.announce import AnnounceScratch, group_by_owner
 from torchrec_frugal.kernels.compiled import numba_available
 from torchrec_frugal.kernels.unique_rows import unique_rows
@@ -23,8 +23,8 @@ def _case(seed: int, num_rows: int = 3000, world: int = 3, n: int = 2000, announ
 
 
 def _expected(ids: np.ndarray, announced: np.ndarray, owner: np.ndarray, world: int):
-    """What the ring published before the kernels: FirstSeen, then a stable sort by owner."""
-    u = FirstSeen(owner.shape[0]).unique(ids[announced[ids]])
+    """What the ring published before the kernels: first-seen marking, then a stable sort by owner."""
+    u = first_seen_unique(ids[announced[ids]], owner.shape[0])
     own = owner[u]
     return u[np.argsort(own, kind="stable")], np.bincount(own, minlength=world)
 
@@ -55,8 +55,8 @@ def test_unique_of_parts(run_as: str) -> None:
     ids, _, owner = _case(7, n=600)
     scratch = AnnounceScratch(owner.shape[0])
     parts = [ids[:250], ids[100:400], ids[400:]]
-    assert scratch.unique(parts).tolist() == FirstSeen(owner.shape[0]).unique(np.concatenate(parts)).tolist()
-    assert scratch.unique([ids[:5]]).tolist() == FirstSeen(owner.shape[0]).unique(ids[:5]).tolist()
+    assert scratch.unique(parts).tolist() == first_seen_unique(np.concatenate(parts), owner.shape[0]).tolist()
+    assert scratch.unique([ids[:5]]).tolist() == first_seen_unique(ids[:5], owner.shape[0]).tolist()
 
 
 def test_compiled_where_numba_is_installed() -> None:

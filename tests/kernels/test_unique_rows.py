@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrec_frugal.int_sort import FirstSeen
+from first_seen import first_seen_unique
 from torchrec_frugal.kernels.compiled import numba_available
 from torchrec_frugal.kernels.unique_rows import bitmap, unique_rows
 
@@ -21,7 +21,7 @@ def _ids(seed: int, num_rows: int, n: int) -> np.ndarray:
 def test_distinct_in_the_order_of_last_occurrence(seed: int, num_rows: int, n: int) -> None:
     """Both ways of clearing (all the bitmap when small beside the ids, else the words marked)."""
     ids = _ids(seed, num_rows, n)
-    want = FirstSeen(num_rows).unique(ids)
+    want = first_seen_unique(ids, num_rows)
     for run in RUNS:
         bits = bitmap(num_rows)
         out = np.full(n, -1, dtype=np.int64)
@@ -36,7 +36,7 @@ def test_reused_bitmap() -> None:
         ids = _ids(seed, 1000, 50 + 100 * seed)
         out = np.empty(ids.shape[0], dtype=np.int64)
         k = unique_rows(ids, bits, out)
-        assert out[:k].tolist() == FirstSeen(1000).unique(ids).tolist()
+        assert out[:k].tolist() == first_seen_unique(ids, 1000).tolist()
 
 
 def test_compiled_where_numba_is_installed() -> None:

@@ -29,7 +29,7 @@ def _unique_twin(ids: np.ndarray, bits: np.ndarray, out: np.ndarray) -> int:
 @kernel(_unique_twin)
 def unique_rows(ids: np.ndarray, bits: np.ndarray, out: np.ndarray) -> int:
     """Writes the distinct ``ids`` into ``out`` in the order of their last occurrence (as
-    :class:`~torchrec_frugal.int_sort.FirstSeen` keeps them); returns how many.
+    a marking of a scratch array keeps them, as the ring did before); returns how many.
 
     ``bits``: a clear :func:`bitmap` of the table's rows (left clear); ``out``: int64, at least ``len(ids)``.
     """

@@ -11,6 +11,8 @@
 # frugal tables run no FBGEMM kernel, so it is enough for them on CUDA (FBGEMM's CUDA build is
 # about 465 MB and cannot travel). tensordict, pyvers, iopath, portalocker, cloudpickle, orjson and
 # importlib_metadata are what those import. Everything is pinned and fetched without dependencies.
+# numba is not carried: its llvmlite wheel (60 MB) alone is over the limit, so on the GPU machine the
+# engine's host loops run their numpy twins (torchrec_frugal/kernels), slower, with the same numbers.
 # DEVICE_PYTHON_VERSION, DEVICE_WHEELS (the requirement list), CARRY_LIMIT_MB and PIP override.
 set -euo pipefail
 cd "$(dirname "$0")/.."

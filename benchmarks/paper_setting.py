@@ -282,8 +282,8 @@ ASSUMPTIONS: Tuple[Assumption, ...] = (
                "assumed 20 us (NCCL per peer). High: NCCL's shared-memory path through a proxy thread "
                "without P2P; the h200 profile assumes 50 us for gloo"),
     Assumption("exchange_worker", "Frugal's exchange worker rates", EXCHANGE_FIELDS, "x", 1.0, 0.5, 2.4, "multiply",
-               "measured on the development machine's CPU (0.22 ms + 0.22 us + 0.43 us a row), not on the Xeon "
-               "Gold 6130 (2.1-3.7 GHz). High: 2.4x, the most the planner's CPU in the example exceeded its fit "
+               "measured on the development machine's CPU by benchmarks/refit_host_rates.py (the profile's "
+               "extra.host_thread_rates), not on the Xeon Gold 6130 (2.1-3.7 GHz). High: 2.4x, the most the planner's CPU in the example exceeded its fit "
                "(docs/cost_model.md); low: a core twice as fast"),
     Assumption("planner_id_s", "Frugal's planner rate per id", ("planner_id_s",), "ns", NS, 19.5, 94.0, "set",
                "fitted on the development machine (39 ns, benchmarks/time_plan.py). Low: half; high: 2.4x "

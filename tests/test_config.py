@@ -36,6 +36,7 @@ def test_defaults_are_valid():
         ("cache_ratio", "0.1"),
         ("mailbox_rows", 0),
         ("update_uncached_in_host", "yes"),
+        ("lookahead_thread", 1),
         ("timeout_s", float("nan")),
     ],
 )

@@ -42,6 +42,9 @@ class FrugalConfig:
         in place in host memory during the update (nobody reads host before the update ends).
         None picks True on a CPU device, where device memory is host memory and a dynamic slot
         would only add two copies, and False on an accelerator.
+    lookahead_thread: whether a lookahead worker thread publishes this rank's announced steps and
+        ingests its peers' (L > 0). None picks one on an accelerator and none on a CPU device, where
+        the exchange worker does both (``engine/placement.py`` resolves the three device choices).
     host_path: how a CUDA device reads and writes host rows. "zero_copy": the shared tables are
         page-locked and mapped into the device's address space, lookups gather host rows with
         one kernel over PCIe and flushes scatter into them the same way. "pinned": the host
@@ -63,6 +66,7 @@ class FrugalConfig:
     flush_chunk_rows: int = 8192
     max_deferred_rows: int = 65536
     update_uncached_in_host: Optional[bool] = None
+    lookahead_thread: Optional[bool] = None
     host_path: str = "auto"
     timeout_s: float = 60.0
     shm_dir: Optional[str] = None
@@ -79,6 +83,8 @@ class FrugalConfig:
         check_int("max_deferred_rows", self.max_deferred_rows, 0)
         if self.update_uncached_in_host is not None and not isinstance(self.update_uncached_in_host, bool):
             raise ValueError(f"update_uncached_in_host must be True, False or None, got {self.update_uncached_in_host!r}")
+        if self.lookahead_thread is not None and not isinstance(self.lookahead_thread, bool):
+            raise ValueError(f"lookahead_thread must be True, False or None, got {self.lookahead_thread!r}")
         if self.host_path not in HOST_PATHS:
             raise ValueError(f"host_path must be one of {HOST_PATHS}, got {self.host_path!r}")
         check_real("timeout_s", self.timeout_s, 0.0, math.inf, open_low=True)

@@ -118,7 +118,7 @@ class _BlockingHost:
 
     def __init__(self, host: HostTables) -> None:
         self.host, self.device = host, host.device
-        self.path = "pinned"  # not the CPU's in-place copy: every chunk goes through write()
+        self.in_place = False  # not the CPU's in-place copy: every chunk goes through write()
         self.entered, self.release = threading.Event(), threading.Event()
 
     def write(self, *args) -> None:

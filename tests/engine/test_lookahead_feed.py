@@ -60,7 +60,7 @@ def _feeds(tmp_path) -> List[LookaheadFeed]:
         store = OwnerStore(ROWS, np.flatnonzero(CACHED & (OWNER == r)), 1, 0, CPU)
         flusher = Flusher(make_queue("two_level", ROWS, L), store, host, Streams(CPU), control, window, 8, 100, 0, print)
         exchange: Any = InlineExchange()
-        feeds.append(LookaheadFeed(L, ring, window, flusher, control, CPU, exchange, lambda fn: fn(), lambda: None, print))
+        feeds.append(LookaheadFeed(L, ring, window, flusher, control, False, exchange, lambda fn: fn(), lambda: None, print))
     for f in feeds:
         f.ring.record.attach_peers()
     for f in feeds:

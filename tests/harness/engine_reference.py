@@ -14,7 +14,6 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from torchrec_frugal.engine.lookahead import feed as lookahead_feed
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec
 from torchrec_frugal.engine.frugal_engine import FrugalEngine
 from torchrec_frugal.engine.optimizers import apply_update, state_width
@@ -65,15 +64,10 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
     cfg = FrugalConfig(lookahead=sc.lookahead, cache_ratio=sc.cache_ratio, queue=sc.queue,
                        flush_workers=sc.flush_workers, flush_chunk_rows=256, timeout_s=60,
                        max_deferred_rows=sc.max_deferred_rows, update_uncached_in_host=sc.in_host,
-                       host_path=sc.host_path, mailbox_rows=sc.mailbox_rows)
-    device_choice = lookahead_feed.lookahead_thread
-    if sc.worker:  # the accelerator's lookahead thread, on whatever device runs the test
-        lookahead_feed.lookahead_thread = lambda device: True
-    try:
-        eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
-                           device=torch.device(sc.device))
-    finally:
-        lookahead_feed.lookahead_thread = device_choice
+                       host_path=sc.host_path, mailbox_rows=sc.mailbox_rows,
+                       lookahead_thread=True if sc.worker else None)  # the accelerator's lookahead thread, on any device
+    eng = FrugalEngine(tables, spec, cfg, presample_counts=wl.counts(rank, 20), seed=sc.seed,
+                       device=torch.device(sc.device))
     if sc.worker_lag_s:
         worker = eng.lookahead_feed.worker
         publish, lag = worker.publish, random.Random(rank)

@@ -31,8 +31,8 @@ worker: ``gradient_staging``, ``gradient_exchange``, ``owner_update``, the step'
 ``flusher`` (queue, flusher threads, FLUSHED), ``gate`` (counters and waits), ``checkpoint_rows``
 (host rows read and loaded between steps), ``rank_faults`` (a failure marked, raised, aborted).
 
-Which thread runs each job of the lookahead and the update, per rank; the training thread runs
-none of them (its gate hands what it waits for to their threads, :meth:`.StepUpdate.wait_gate`):
+Which thread runs each job of the lookahead and the update, per rank, as :mod:`.placement` resolves
+it from the device (each choice can be set in the config); the training thread runs none of them (its gate hands what it waits for to their threads, :meth:`.StepUpdate.wait_gate`):
 
 =======  ========================================================================================
 job      thread
@@ -75,6 +75,7 @@ from ..metrics import StepMetrics, StepRecorder
 from .optimizers import state_width
 from .owner_cache import OwnerStore, ownership_from_presample
 from .owner_update import OwnerUpdate
+from .placement import Placement
 from .flush.priority_queue import PendingQueue, make_queue
 from .rank_faults import RankFaults
 from ..host.shared_tables import InitWeights, open_shared_tables
@@ -144,7 +145,8 @@ class FrugalEngine:
         )  # fmt: skip
         owner = self.ownership.owner
         self.store = OwnerStore(n, self.ownership.cached_rows(self.rank), d, self.state_width, self.device)
-        in_place = self.device.type == "cpu" if cfg.update_uncached_in_host is None else cfg.update_uncached_in_host
+        self.placement = place = Placement.resolve(self.device, cfg)
+        in_place = place.update_uncached_in_host
         self.owner_update = OwnerUpdate(optimizer, self.store, self.host, in_place)
         self.owner_update.reload()
 
@@ -156,17 +158,15 @@ class FrugalEngine:
         announced = cached & ~mine if in_place else ~(cached & mine)
         self.ring = LookaheadRing(self.ring_record, self.lookahead + 2, self.control, owner, announced)
         self.window = LookaheadWindow(n) if self.lookahead > 0 else None
-        on_cpu = self.device.type == "cpu"  # the training threads keep the cores busy: no helper threads
-        workers = (0 if on_cpu else 1) if cfg.flush_workers is None else cfg.flush_workers
         self.flusher = Flusher(
             make_queue(cfg.queue, n, self.lookahead), self.store, self.host, self.streams, self.control, self.window,
-            cfg.flush_chunk_rows, cfg.max_deferred_rows, workers, self._faults.fail_from_thread,
+            cfg.flush_chunk_rows, cfg.max_deferred_rows, place.flush_workers, self._faults.fail_from_thread,
         )  # fmt: skip
         # Where backward hands a step's gradients over.
         self.exchange_worker = Worker(f"frugal-exchange-{self.rank}", self._faults.fail_from_thread)
         # The lookahead's publishing: a thread of its own on an accelerator, else the exchange worker.
         self.lookahead_feed = LookaheadFeed(
-            self.lookahead, self.ring, self.window, self.flusher, self.control, self.device,
+            self.lookahead, self.ring, self.window, self.flusher, self.control, place.lookahead_thread,
             self.exchange_worker,
             self._faults.guard, self._faults.raise_if_failed, self._faults.fail_from_thread,
         )  # fmt: skip

@@ -158,6 +158,12 @@ class HostTables:
         return pick_path(choices, n) if choices else self.path
 
     @property
+    def in_place(self) -> bool:
+        """Whether the device reads and writes the host tables in place: a CPU device on the
+        zero-copy path, where store and host are one memory and the compiled loops do the copies."""
+        return self.device.type == "cpu" and self.path == "zero_copy"
+
+    @property
     def registered(self) -> bool:
         return self._reg is not None and self._reg.registered
 

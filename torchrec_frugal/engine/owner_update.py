@@ -43,7 +43,7 @@ class OwnerUpdate:
 
         The caller holds the flusher's lock: slots are allocated here and read by the flushers.
         """
-        if self.optimizer.kind == "rowwise_adagrad" and self.device.type == "cpu":
+        if self.optimizer.kind == "rowwise_adagrad" and self.host.in_place:
             return self._rowwise_adagrad_on_cpu(rows, grads)
         store = self.store
         slots = store.slot_of[rows]

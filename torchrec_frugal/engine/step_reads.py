@@ -37,9 +37,7 @@ class StepReads:
         self._dim = dim
         self._device = device
         self.reads_done: Marker = REACHED
-        # A CPU device reading the host tables in place (not staged, as the pinned path does)
-        in_place = device.type == "cpu" and host.path == "zero_copy"
-        self._gather = GatherScratch(store.slot_of.shape[0], dim) if in_place else None
+        self._gather = GatherScratch(store.slot_of.shape[0], dim) if host.in_place else None
 
     def read(self, rows: Union[torch.Tensor, StepPlan]) -> torch.Tensor:
         """Current values of ``rows`` [n] -> [n, dim] (a plan's: checked by its engine)."""

@@ -224,7 +224,7 @@ class Flusher:
     def _copy(self, rows: np.ndarray, slots: np.ndarray, src_w: torch.Tensor, src_s: torch.Tensor, after: Marker) -> None:
         """Write the store's ``slots`` into host ``rows``; the rows are on host once it returns."""
         host = self.host
-        if host.device.type == "cpu" and host.path == "zero_copy":  # both in host memory: one compiled pass
+        if host.in_place:  # store and host tables in one memory: one compiled pass
             copy_rows_to_host(rows, slots, src_w.numpy(), src_s.numpy(), host.tables["weights"].numpy(),
                               host.tables["state"].numpy())  # fmt: skip
             return

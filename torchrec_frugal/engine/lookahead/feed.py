@@ -34,13 +34,6 @@ from .worker import LookaheadWorker
 from ...metrics import WAIT_PUBLISHED
 
 
-def lookahead_thread(device: torch.device) -> bool:
-    """Whether the lookahead runs on a thread of its own: on an accelerator, whose training thread
-    mostly waits for the device; not on a CPU device, whose cores the training already keeps busy
-    (a thread there only adds switches), where the exchange worker publishes instead."""
-    return device.type != "cpu"
-
-
 class LookaheadFeed:
     """This rank's announced steps (in order, checked against the batches trained), their
     publishing, and, as an owner, the ingestion of every rank's published steps."""
@@ -52,7 +45,7 @@ class LookaheadFeed:
         window: Optional[LookaheadWindow],
         flusher: Flusher,
         control: Control,
-        device: torch.device,
+        thread: bool,
         exchange: Worker,
         guard: Callable[[Callable[[], object]], object],
         check_failed: Callable[[], None],
@@ -73,7 +66,7 @@ class LookaheadFeed:
         self._pushed: Deque[Tuple[int, torch.Tensor, Optional[int]]] = deque()
         self.worker = (
             LookaheadWorker(f"frugal-lookahead-{control.rank}", ring.publish, self.ingest_available, on_failure)
-            if lookahead > 0 and lookahead_thread(device)
+            if lookahead > 0 and thread
             else None
         )
 

@@ -121,33 +121,36 @@ class StepUpdate:
     def run(
         self, s: int, iteration: int, rows: torch.Tensor, grads: torch.Tensor, reads_done: Marker, divide_by: int
     ) -> None:
+        """Step ``s``'s update on the exchange worker; its phases are timed into the step's metrics
+        (exchange: staging and the sum, not the wait; update: the optimizer; bookkeeping: the
+        window, the queue and the counters; flush: the rows the next step reads)."""
         flusher, feed, rec = self._flusher, self._feed, self._recorder
-        t0 = time.perf_counter()
+        start = time.perf_counter()
         self._exchange.stage(s, rows, grads, reads_done, divide_by)
-        t1 = time.perf_counter()
+        staged = time.perf_counter()
         rec.exchange_wait_s = self._exchange.wait_staged(
             s, idle=lambda: flusher.flush_once(max_priority=flusher.background_bound(), wait=False)
         )
-        t2 = time.perf_counter()
+        all_staged = time.perf_counter()
         owned, summed = self._exchange.sum_owned()
-        t3 = time.perf_counter()
-        rec.add("exchange", (t1 - t0) + (t3 - t2))
+        summed_at = time.perf_counter()
+        rec.add("exchange", (staged - start) + (summed_at - all_staged))
 
         feed.ingest_through(s)
         with flusher.lock:
             feed.retire(s)
             flusher.queue.advance(s + 1)
-            t4 = time.perf_counter()
+            update_start = time.perf_counter()
             held = self._owner_update.apply(iteration, owned, summed)
             updated = self._streams.mark()
-            t5 = time.perf_counter()
+            update_end = time.perf_counter()
             flusher.queue_writes(held, feed.priorities(held, s), updated)
             self._control.set(UPDATED, s)
-        t6 = time.perf_counter()
-        rec.add("update", t5 - t4)
-        rec.add("bookkeeping", (t4 - t3) + (t6 - t5))
+        queued = time.perf_counter()
+        rec.add("update", update_end - update_start)
+        rec.add("bookkeeping", (update_start - summed_at) + (queued - update_end))
         flusher.flush_due(s)
-        rec.add("flush", time.perf_counter() - t6)
+        rec.add("flush", time.perf_counter() - queued)
         self.last_metrics = rec.finish(s, flusher.take_counts(), self._store.dynamic_in_use, self._control.take_waited())
         self._finished.append(self.last_metrics)
 

@@ -6,7 +6,7 @@ import pytest
 
 from first_seen import first_seen_unique
 from torchrec_frugal.kernels.announce import AnnounceScratch, group_by_owner
-from torchrec_frugal.kernels.compiled import numba_available
+from torchrec_frugal.kernels.compiled import numba_available, running_as
 from torchrec_frugal.kernels.unique_rows import unique_rows
 
 KERNELS = (unique_rows, group_by_owner)
@@ -30,12 +30,13 @@ def _expected(ids: np.ndarray, announced: np.ndarray, owner: np.ndarray, world: 
 
 
 @pytest.fixture(params=["compiled", "loops", "twin"])
-def run_as(request, monkeypatch):
+def run_as(request):
     """Run every kernel as ``request.param`` says (the scratch calls them through the module)."""
-    if request.param != "compiled":
-        for k in KERNELS:
-            monkeypatch.setattr(k, "_fn", getattr(k, request.param))
-    return request.param
+    if request.param == "compiled":
+        yield request.param
+        return
+    with running_as(request.param, KERNELS):
+        yield request.param
 
 
 @pytest.mark.parametrize("share", [0.0, 0.3, 1.0])

@@ -7,7 +7,7 @@ import pytest
 
 from torchrec_frugal.engine.flush.priority_queue import TwoLevelQueue
 from torchrec_frugal.kernels import pending_queue
-from torchrec_frugal.kernels.compiled import numba_available
+from torchrec_frugal.kernels.compiled import numba_available, running_as
 from torchrec_frugal.kernels.pending_queue import ABSENT, ANY, move_rows
 from torchrec_frugal.priorities import INF
 
@@ -16,8 +16,8 @@ KERNELS = (pending_queue.check_batch, pending_queue.read_priorities, pending_que
 
 
 def _state(q: TwoLevelQueue) -> tuple:
-    buckets = [q._pool[s : s + n].tolist() for s, n in zip(q._start.tolist(), q._counts.tolist())]
-    return q._row_state.tolist(), buckets, len(q), q.base
+    buckets = [b.tolist() for b in q.bucket_rows()]
+    return q.priority_of(np.arange(q.num_rows)).tolist(), buckets, len(q), q.base
 
 
 def _drive(seed: int, n_ops: int) -> list:
@@ -53,12 +53,10 @@ def _drive(seed: int, n_ops: int) -> list:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_compiled_plain_and_twin_leave_the_same_queue(monkeypatch, seed: int) -> None:
+def test_compiled_plain_and_twin_leave_the_same_queue(seed: int) -> None:
     want = _drive(seed, 300)
     for run in ("loops", "twin"):
-        with monkeypatch.context() as m:
-            for k in KERNELS:
-                m.setattr(k, "_fn", getattr(k, run))
+        with running_as(run, KERNELS):
             assert _drive(seed, 300) == want, run
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from torchrec_frugal.kernels.compiled import numba_available
-from torchrec_frugal.kernels.row_gather import GatherScratch, _gather_twin, gather_rows
+from torchrec_frugal.kernels.row_gather import GatherScratch, gather_rows
 
 
 def _case(seed: int, num_rows: int = 500, dim: int = 5, n: int = 400):

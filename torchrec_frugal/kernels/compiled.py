@@ -10,7 +10,8 @@ and the exchange worker run theirs at the same time.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 _lock = threading.Lock()
 
@@ -60,3 +61,22 @@ class Kernel:
 def kernel(twin: Callable[..., Any]) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorator: the loops it decorates become a :class:`Kernel` with the numpy ``twin``."""
     return lambda loops: Kernel(loops, twin)
+
+
+@contextmanager
+def running_as(variant: str, kernels: Iterable[Kernel]) -> Iterator[None]:
+    """Within the block, ``kernels`` run as ``variant``: "loops" (the plain Python loops numba
+    compiles) or "twin" (numpy), instead of as they load: how tests compare the three on the data
+    structures the kernels keep, not only on one call's output."""
+    if variant not in ("loops", "twin"):
+        raise ValueError(f"variant must be 'loops' or 'twin', got {variant!r}")
+    kernels = list(kernels)
+    before = [k._fn for k in kernels]
+    for k in kernels:
+        k._fn = getattr(k, variant)
+    try:
+        yield
+    finally:
+        for k, fn in zip(kernels, before):
+            k._fn = fn
+

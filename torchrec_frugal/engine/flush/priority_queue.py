@@ -295,6 +295,12 @@ class TwoLevelQueue(PendingQueue):
             self._check_unique(rows)
         self._move(rows, prios, stride)
 
+    def bucket_rows(self) -> list[np.ndarray]:
+        """Each bucket's rows in their order in the bucket (a pop takes the tail), for priorities
+        ``base .. base + lookahead + 1``, then ``INF``: the queue's whole state with :meth:`priority_of`."""
+        order = [(self._base + i) % self._slots for i in range(self._slots)] + [self._inf_slot]
+        return [self._pool[self._start[s] : self._start[s] + self._counts[s]].copy() for s in order]
+
     def undefer(self, rows: np.ndarray, priority: int) -> None:
         rows, prios, stride = self._check_upsert(rows, priority)
         if rows.size:

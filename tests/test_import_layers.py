@@ -28,7 +28,7 @@ LAYER_OF: Dict[str, str] = {
     "presample": "base",
     "quiet_exit": "base",
     "priorities": "base",
-    "stack": "base",
+    "required_packages": "base",
     "synthetic_ids": "base",
     "worker": "base",
     # host: shared memory, host memory, ranks of this machine
@@ -171,3 +171,22 @@ def test_a_cycle_between_sibling_folders_is_found() -> None:
     assert folder_cycles(sources) == ["in pkg: pkg.a -> pkg.b -> pkg.a"]  # ... but the folders do
     del sources["pkg.b.w"]
     assert folder_cycles(sources) == []
+
+
+def repeated_module_names(names: List[str]) -> Dict[str, List[str]]:
+    """Last name -> the dotted modules that share it (packages' ``__init__`` aside)."""
+    by_name: Dict[str, List[str]] = {}
+    for name in names:
+        by_name.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    return {k: sorted(v) for k, v in by_name.items() if len(v) > 1}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A name says which module it is: two ``worker.py`` send a reader to the wrong one."""
+    names = [m for m, p in modules().items() if p.name != "__init__.py"]
+    assert repeated_module_names(names) == {}
+
+
+def test_a_repeated_module_name_is_found() -> None:
+    found = repeated_module_names(["p.worker", "p.engine.lookahead.worker", "p.engine.feed"])
+    assert found == {"worker": ["p.engine.lookahead.worker", "p.worker"]}

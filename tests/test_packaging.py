@@ -3,7 +3,7 @@
 torchrec_frugal is installed into an environment that already holds TorchRec's stack (docs/install.md):
 a requirement on torch, FBGEMM or TorchRec in its metadata would let pip upgrade or replace the build
 the user chose, or pull the newest CUDA torch and its NVIDIA packages where none is installed. So the
-metadata asks for none of them, and ``torchrec_frugal/stack.py`` raises an ImportError that says what
+metadata asks for none of them, and ``torchrec_frugal/required_packages.py`` raises an ImportError that says what
 to install first. ``make test-install`` (scripts/check_install.sh) checks the same in a fresh venv.
 """
 from __future__ import annotations

@@ -3,9 +3,9 @@
 The mechanism (host tables, owner caches, lookahead window, priority queue, flushers, gate)
 lives in flat modules free of TorchRec imports; the TorchRec glue is in ``torchrec_frugal.torchrec``.
 """
-from . import stack
+from . import required_packages
 
-stack.require("torch")  # an ImportError saying what to install first, rather than a bare "No module named"
+required_packages.require("torch")  # an ImportError saying what to install first, rather than a bare "No module named"
 
 from .config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
 from .engine.frugal_engine import FrugalEngine

@@ -3,9 +3,9 @@
 Importing this package installs the small planner shims of :mod:`.patches`, so that TorchRec's
 own planner also understands the "frugal" sharding type.
 """
-from .. import stack
+from .. import required_packages
 
-stack.require("torch", "fbgemm_gpu", "torchrec")  # what to install first, if one is missing
+required_packages.require("torch", "fbgemm_gpu", "torchrec")  # what to install first, if one is missing
 
 from . import patches  # noqa: E402
 from .embedding import FrugalEmbeddingCollectionSharder, FrugalShardedEmbeddingCollection

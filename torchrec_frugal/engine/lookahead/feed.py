@@ -30,7 +30,7 @@ from ...worker import Worker
 from ..flush.flusher import Flusher
 from .window import LookaheadWindow
 from .ring import LookaheadRing
-from .worker import LookaheadWorker
+from .lookahead_worker import LookaheadWorker
 from ...metrics import WAIT_PUBLISHED
 
 

@@ -42,7 +42,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -x -q tests
+	$(PY) -m pytest -x -q --durations=30 tests
 
 $(COMPAT_STAMP): $(STAMP)
 	rm -rf $(COMPAT)

@@ -232,7 +232,7 @@ def test_a_uniform_per_table_plan_is_the_one_sharding_plan():
 def test_the_chosen_plan_is_never_predicted_slower_than_a_uniform_one(hw_name):
     model, w = CostModel(load_profile(hw_name)), workload(world=4)
     choice = choose_plan(model, w)
-    assert set(choice.uniform) == set(planner_shardings(1, model.hw.device))
+    assert set(choice.uniform) == set(planner_shardings(1, model.profile.device))
     for s, (plan, cost) in choice.uniform.items():
         assert choice.cost.step_s <= cost.step_s * (1 + 1e-9), s
         assert model.predict(w, plan).step_s == pytest.approx(cost.step_s)
@@ -244,7 +244,7 @@ def test_one_rank_on_a_host_memory_device_is_not_offered_frugal():
     """One CPU rank: Frugal has no all-to-all to spare and no link to the host table, so the
     planner leaves it out (unless a table may take nothing else); on a GPU it stays a choice."""
     cpu, gpu = CostModel(load_profile("cpu")), CostModel(load_profile("rtx3090"))
-    assert (frugal_offered(cpu.hw, 1), frugal_offered(cpu.hw, 2), frugal_offered(gpu.hw, 1)) == (False, True, True)
+    assert (frugal_offered(cpu.profile, 1), frugal_offered(cpu.profile, 2), frugal_offered(gpu.profile, 1)) == (False, True, True)
     one = choose_plan(cpu, workload(world=1))
     assert FRUGAL not in one.uniform and FRUGAL not in one.plan.groups(workload(world=1))
     assert set(one.uniform) == set(planner_shardings(1, "cpu")) - {FRUGAL}

@@ -77,8 +77,8 @@ def dlrm_workload(
     m = ModelConfig(kind=model)
     rows = ds.rows(scale, min_rows)
     epoch = float(EPOCH_SAMPLES[config] * ds.ids_per_sample) if real_data else None
-    tables = tuple(CostTable.zipf(n, r, m.embedding_dim, skew.s_for(r), ds.ids_per_sample, epoch)
-                   for n, r in zip(ds.table_names(), rows))  # fmt: skip
+    tables = tuple(CostTable.zipf(name, table_rows, m.embedding_dim, skew.s_for(table_rows), ds.ids_per_sample, epoch)
+                   for name, table_rows in zip(ds.table_names(), rows))  # fmt: skip
     sgd = model == "paper"
     return Workload(
         tables=tables,
@@ -97,17 +97,17 @@ def dlrm_workload(
 def breakdown_table(costs: Dict[str, StepCost]) -> str:
     """Markdown: one column per sharding, one row per non-zero term (ms), then the totals."""
     names = list(costs)
-    used = [t for t in TERMS if any(c.terms[t] > 0 for c in costs.values())]
+    used = [term for term in TERMS if any(cost.terms[term] > 0 for cost in costs.values())]
     lines = ["| term (ms per step) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for t in used:
-        lines.append(f"| {t} | " + " | ".join(f"{1e3 * costs[n].terms[t]:.3f}" for n in names) + " |")
-    lines.append("| **step** | " + " | ".join(f"**{1e3 * costs[n].step_s:.3f}**" for n in names) + " |")
-    lines.append("| samples/s | " + " | ".join(f"{costs[n].samples_per_second:,.0f}" for n in names) + " |")
+    for term in used:
+        lines.append(f"| {term} | " + " | ".join(f"{1e3 * costs[name].terms[term]:.3f}" for name in names) + " |")
+    lines.append("| **step** | " + " | ".join(f"**{1e3 * costs[name].step_s:.3f}**" for name in names) + " |")
+    lines.append("| samples/s | " + " | ".join(f"{costs[name].samples_per_second:,.0f}" for name in names) + " |")
     lines.append("| device memory per device | " + " | ".join(
-        f"{costs[n].memory_bytes_per_device / 2**30:.2f} GiB" for n in names) + " |")  # fmt: skip
+        f"{costs[name].memory_bytes_per_device / 2**30:.2f} GiB" for name in names) + " |")  # fmt: skip
     lines.append("| host memory per node | " + " | ".join(
-        f"{costs[n].host_memory_bytes_per_node / 2**30:.2f} GiB" for n in names) + " |")  # fmt: skip
-    lines.append("| fits (device and host memory) | " + " | ".join('yes' if costs[n].fits else 'no' for n in names) + " |")
+        f"{costs[name].host_memory_bytes_per_node / 2**30:.2f} GiB" for name in names) + " |")  # fmt: skip
+    lines.append("| fits (device and host memory) | " + " | ".join('yes' if costs[name].fits else 'no' for name in names) + " |")
     return "\n".join(lines)
 
 
@@ -145,15 +145,15 @@ def wrap(text: str, indent: str = "") -> str:
 def bound_lines(costs: Dict[str, StepCost], kind: str) -> Dict[str, Tuple[str, Bound]]:
     """What bounds Frugal's step and the best stock choice's (the fastest that fits; the fastest if
     none fits): {"frugal" / "best stock": (sharding, bound)}."""
-    stock = {n: c for n, c in costs.items() if n not in FRUGAL_KINDS}
-    fitting = {n: c for n, c in stock.items() if c.fits} or stock
-    best = max(fitting, key=lambda n: fitting[n].samples_per_second)
+    stock = {name: cost for name, cost in costs.items() if name not in FRUGAL_KINDS}
+    fitting = {name: cost for name, cost in stock.items() if cost.fits} or stock
+    best = max(fitting, key=lambda name: fitting[name].samples_per_second)
     return {"frugal": (kind, bound(costs[kind])), "best stock": (best, bound(costs[best]))}
 
 
 def best_sharding(costs: Dict[str, StepCost]) -> str:
-    fitting = [n for n, c in costs.items() if c.fits] or list(costs)
-    return max(fitting, key=lambda n: costs[n].samples_per_second)
+    fitting = [name for name, cost in costs.items() if cost.fits] or list(costs)
+    return max(fitting, key=lambda name: costs[name].samples_per_second)
 
 
 def choice_table(costs: Dict[str, StepCost], kind: str) -> str:
@@ -162,9 +162,10 @@ def choice_table(costs: Dict[str, StepCost], kind: str) -> str:
     :func:`breakdown_table`, whose columns are the choices."""
     head = ("sharding", "step ms", "samples/s", "vs Frugal", "fits", "what bounds the step")
     rows = [head]
-    for n, c in costs.items():
-        vs = "-" if n == kind else ratio_text(speed_ratio(c, costs[kind]))
-        rows.append((n, f"{1e3 * c.step_s:.3f}", f"{c.samples_per_second:,.0f}", vs, "yes" if c.fits else "no", bound(c).name))
+    for name, cost in costs.items():
+        vs = "-" if name == kind else ratio_text(speed_ratio(cost, costs[kind]))
+        rows.append((name, f"{1e3 * cost.step_s:.3f}", f"{cost.samples_per_second:,.0f}", vs, "yes" if cost.fits else "no",
+                     bound(cost).name))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for r in rows:
@@ -221,47 +222,47 @@ def size_text(config: str, scale: Optional[float], rows: int, model: str = "dlrm
     return "at full size" if s >= 1.0 else f"at scale {s:g} ({rows:,} rows)"
 
 
-def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCost], hw: HardwareProfile,
+def verdict(model: CostModel, args: argparse.Namespace, costs: Dict[str, StepCost], profile: HardwareProfile,
             rows: int) -> str:
     """One paragraph: the fastest choice that fits against Frugal, and where Frugal is predicted
     faster (among the rank counts where the planner offers it, :func:`frugal_offered`); within
     :data:`TIE` it is a tie, not a win either way."""
     kind = frugal_kind(args.nodes)
     where = f"{args.nodes} nodes x {args.gpus}" if args.nodes > 1 else f"{args.gpus}x"
-    head = f"on {where} {hw.name}, {args.config} {size_text(args.config, args.scale, rows, args.model)}, batch {args.batch_size}"
-    fr = costs[kind]
-    stock = {n: c for n, c in costs.items() if n not in FRUGAL_KINDS and c.fits}
+    head = f"on {where} {profile.name}, {args.config} {size_text(args.config, args.scale, rows, args.model)}, batch {args.batch_size}"
+    frugal = costs[kind]
+    stock = {name: cost for name, cost in costs.items() if name not in FRUGAL_KINDS and cost.fits}
     if not stock:
-        return f"{head}: no stock choice fits; Frugal {'fits' if fr.fits else 'does not fit either'}"
-    best = max(stock, key=lambda n: stock[n].samples_per_second)
-    ratio = speed_ratio(stock[best], fr)
-    if not frugal_offered(hw, args.gpus * args.nodes):
+        return f"{head}: no stock choice fits; Frugal {'fits' if frugal.fits else 'does not fit either'}"
+    best = max(stock, key=lambda name: stock[name].samples_per_second)
+    ratio = speed_ratio(stock[best], frugal)
+    if not frugal_offered(profile, args.gpus * args.nodes):
         line = (f"{head}: {best} is the fastest stock choice; the planner does not offer Frugal to one rank whose device is host memory "
                 "(no peer, no link: nothing to save; measured slower than stock, docs/cost_model.md)")
-    elif not fr.fits:
+    elif not frugal.fits:
         line = f"{head}: {best} fits and Frugal does not"
     elif is_tie(ratio):
         line = (f"{head}: {best}, the fastest stock choice that fits, is predicted within {100 * TIE:g}% of Frugal, a tie "
-                f"({stock[best].samples_per_second:,.0f} against {fr.samples_per_second:,.0f} samples/s)")
+                f"({stock[best].samples_per_second:,.0f} against {frugal.samples_per_second:,.0f} samples/s)")
     elif ratio > 1.0:
         line = f"{head}: {best} fits and is predicted {ratio:.2f}x faster than Frugal"
     else:
         line = f"{head}: Frugal is predicted {1 / ratio:.2f}x faster than the best stock choice ({best})"
     wins, ties = [], []
-    counts = [n for n in sorted({1, 2, 4, 8} | {args.gpus}) if frugal_offered(hw, n * args.nodes)]
-    for n in counts:
-        c = costs if n == args.gpus else predict_all(model, workload(args, n), _fixed_frugal(args))
-        st = [x for k, x in c.items() if k not in FRUGAL_KINDS and x.fits]
-        if not c[kind].fits:
+    counts = [gpus for gpus in sorted({1, 2, 4, 8} | {args.gpus}) if frugal_offered(profile, gpus * args.nodes)]
+    for gpus in counts:
+        at_count = costs if gpus == args.gpus else predict_all(model, workload(args, gpus), _fixed_frugal(args))
+        stock_fitting = [cost for name, cost in at_count.items() if name not in FRUGAL_KINDS and cost.fits]
+        if not at_count[kind].fits:
             continue
-        if not st:
-            wins.append(str(n))
+        if not stock_fitting:
+            wins.append(str(gpus))
             continue
-        r = speed_ratio(c[kind], max(st, key=lambda x: x.samples_per_second))
-        if is_tie(r):
-            ties.append(str(n))
-        elif r > 1.0:
-            wins.append(str(n))
+        against_stock = speed_ratio(at_count[kind], max(stock_fitting, key=lambda cost: cost.samples_per_second))
+        if is_tie(against_stock):
+            ties.append(str(gpus))
+        elif against_stock > 1.0:
+            wins.append(str(gpus))
     unit = "ranks per node" if args.nodes > 1 else "GPUs"
     tied = f"within {100 * TIE:g}% (a tie) at " + ", ".join(ties) if ties else ""
     if wins:
@@ -275,14 +276,14 @@ def workload(args: argparse.Namespace, gpus: int) -> Workload:
                          presample_steps=args.presample_steps, nodes=args.nodes, real_data=not args.synthetic)  # fmt: skip
 
 
-def scaling(hw: HardwareProfile, args: argparse.Namespace, counts: Sequence[int]) -> Dict[str, List[float]]:
+def scaling(profile: HardwareProfile, args: argparse.Namespace, counts: Sequence[int]) -> Dict[str, List[float]]:
     """Predicted samples/s of every sharding (Frugal with its recommended settings) per GPU count of a node."""
-    out: Dict[str, List[float]] = {s: [] for s in shardings_for(args.nodes)}
-    model = CostModel(hw)
-    for n in counts:
-        for s, c in predict_all(model, workload(args, n), _fixed_frugal(args)).items():
-            out[s].append(c.samples_per_second)
-    return out
+    curves: Dict[str, List[float]] = {sharding: [] for sharding in shardings_for(args.nodes)}
+    model = CostModel(profile)
+    for gpus in counts:
+        for sharding, cost in predict_all(model, workload(args, gpus), _fixed_frugal(args)).items():
+            curves[sharding].append(cost.samples_per_second)
+    return curves
 
 
 def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], title: str, nodes: int = 1) -> None:
@@ -292,10 +293,10 @@ def plot(path: Path, counts: Sequence[int], curves: Dict[str, List[float]], titl
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for s, ys in curves.items():
-        ax.plot(counts, ys, marker="o", label=s, linewidth=2.5 if s in FRUGAL_KINDS else 1.2)
+    for sharding, samples_per_second in curves.items():
+        ax.plot(counts, samples_per_second, marker="o", label=sharding, linewidth=2.5 if sharding in FRUGAL_KINDS else 1.2)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(counts), [str(c) for c in counts])
+    ax.set_xticks(list(counts), [str(count) for count in counts])
     ax.set_xlabel("GPUs (ranks) per node" if nodes > 1 else "GPUs (ranks)")
     ax.set_ylabel("predicted samples/s")
     ax.set_title(title, fontsize=9)
@@ -398,28 +399,29 @@ def parse_args(argv: Optional[Sequence[str]] = None, ap: Optional[argparse.Argum
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = parser()
     args = parse_args(argv, ap)
-    hw = args.profile
+    profile = args.profile
     if args.calibrate:
         from .calibrate import calibrate
 
-        calibrate(str(args.calibrate), hw, args.calibrate.stem, args.device)
+        calibrate(str(args.calibrate), profile, args.calibrate.stem, args.device)
         return 0
-    w = workload(args, args.gpus)
-    model = CostModel(hw)
+    command_workload = workload(args, args.gpus)
+    model = CostModel(profile)
     fixed = _fixed_frugal(args)
     try:
-        costs = predict_all(model, w, fixed)
+        costs = predict_all(model, command_workload, fixed)
     except ProfileError as e:
         ap.error(f"--hardware: {e}")
     kind = frugal_kind(args.nodes)
-    plan = fixed or recommend_frugal(model, w)[0]
-    rows = sum(t.rows for t in w.tables)
+    plan = fixed or recommend_frugal(model, command_workload)[0]
+    tables = command_workload.tables
+    rows = sum(table.rows for table in tables)
     best = best_sharding(costs)
     where = f"{args.nodes} nodes x {args.gpus} ranks" if args.nodes > 1 else f"{args.gpus} ranks"
-    n_tables = f"{len(w.tables)} table{'s' if len(w.tables) > 1 else ''}"
-    head = (f"{args.config} ({n_tables}, {rows:,} rows, dim {w.tables[0].dim}), {args.model}, "
-            f"{where} x batch {args.batch_size} on {hw.name}: {hw.description}")  # fmt: skip
-    print(wrap(verdict(model, args, costs, hw, rows)))
+    n_tables = f"{len(tables)} table{'s' if len(tables) > 1 else ''}"
+    head = (f"{args.config} ({n_tables}, {rows:,} rows, dim {tables[0].dim}), {args.model}, "
+            f"{where} x batch {args.batch_size} on {profile.name}: {profile.description}")  # fmt: skip
+    print(wrap(verdict(model, args, costs, profile, rows)))
     print("\n" + wrap(head) + "\n\nPREDICTED by the cost model (docs/cost_model.md), not measured:\n")
     print(choice_table(costs, kind))
     print(wrap(f"vs Frugal: samples/s over {kind}'s; within {100 * TIE:g}% reads as a tie. "
@@ -427,47 +429,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.terms:
         print("\n" + breakdown_table(costs))
         print("\nterms:")
-        used = [t for t in TERMS if any(c.terms[t] > 0 for c in costs.values())]
-        for t in used:
-            print(wrap(f"- {t}: {TERM_HELP[t]}", "  "))
-    fr = costs[kind]
+        used = [term for term in TERMS if any(cost.terms[term] > 0 for cost in costs.values())]
+        for term in used:
+            print(wrap(f"- {term}: {TERM_HELP[term]}", "  "))
+    frugal = costs[kind]
     print("\n" + wrap(
         f"{kind} settings: cache ratio {plan.cache_ratio:g}, lookahead L={plan.lookahead}"
         + (" (fixed)" if fixed else " (recommended: least predicted step time)")
-        + f"; predicted cache hits {100 * fr.details['cache_hit_ratio']:.1f}%, "
-        f"{fr.details['host_rows_per_rank']:,.0f} host rows per rank and step; beside the step: planner thread "
-        f"{fr.details.get('planner_thread_ms', 0.0):.3f} ms, exchange worker {fr.details.get('exchange_worker_ms', 0.0):.3f} ms, "
-        f"flushers {fr.details.get('flushers_ms', 0.0):.3f} ms per step"))  # fmt: skip
+        + f"; predicted cache hits {100 * frugal.details['cache_hit_ratio']:.1f}%, "
+        f"{frugal.details['host_rows_per_rank']:,.0f} host rows per rank and step; beside the step: planner thread "
+        f"{frugal.details.get('planner_thread_ms', 0.0):.3f} ms, exchange worker {frugal.details.get('exchange_worker_ms', 0.0):.3f} ms, "
+        f"flushers {frugal.details.get('flushers_ms', 0.0):.3f} ms per step"))  # fmt: skip
     if args.nodes > 1:
         print(wrap("embedding bytes between nodes per step (all ranks): " + ", ".join(
-            f"{n} {c.details['embedding_bytes_between_nodes_per_step'] / 1e6:,.1f} MB" for n, c in costs.items()), "  "))  # fmt: skip
-    for n, c in costs.items():
-        if "uvm_load_factor" in c.details:
-            print(f"{n}: cache_load_factor {c.details['uvm_load_factor']:g} (recommended)")
-    tie = best != kind and is_tie(speed_ratio(costs[best], fr)) and fr.fits
+            f"{name} {cost.details['embedding_bytes_between_nodes_per_step'] / 1e6:,.1f} MB"
+            for name, cost in costs.items()), "  "))  # fmt: skip
+    for name, cost in costs.items():
+        if "uvm_load_factor" in cost.details:
+            print(f"{name}: cache_load_factor {cost.details['uvm_load_factor']:g} (recommended)")
+    tie = best != kind and is_tie(speed_ratio(costs[best], frugal)) and frugal.fits
     print(wrap(f"fastest predicted sharding that fits: {best} ({costs[best].samples_per_second:,.0f} samples/s)"
                + (f"; Frugal is within {100 * TIE:g}% of it, a tie" if tie else "")))
     bounds = bound_lines(costs, kind)
     print("\nwhat bounds the step (docs/cost_model.md, \"What bounds a step\"):")
-    for side, (name, b) in bounds.items():
-        print(wrap(f"- {side} ({name}): {b.text()}", "  "))
+    for side, (name, step_bound) in bounds.items():
+        print(wrap(f"- {side} ({name}): {step_bound.text()}", "  "))
     try:
         if args.json:
             doc = {
                 "prediction": True,
                 "config": args.config, "scale": args.scale, "model": args.model, "gpus": args.gpus, "nodes": args.nodes,
-                "batch_size": args.batch_size, "hardware": hw.name, "rows": rows,
+                "batch_size": args.batch_size, "hardware": profile.name, "rows": rows,
                 "recommended": {"sharding": best, "cache_ratio": plan.cache_ratio, "lookahead": plan.lookahead},
                 "real_data": not args.synthetic,
-                "bounds": {side: {"sharding": name, **b.to_json()} for side, (name, b) in bounds.items()},
-                "shardings": {n: {**c.to_json(), "terms": {k: v for k, v in c.terms.items()}} for n, c in costs.items()},
+                "bounds": {side: {"sharding": name, **step_bound.to_json()} for side, (name, step_bound) in bounds.items()},
+                "shardings": {name: {**cost.to_json(), "terms": dict(cost.terms)} for name, cost in costs.items()},
             }  # fmt: skip
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(doc, indent=1) + "\n")
             print(f"wrote {args.json}")
         if args.plot:
             counts = sorted(set(GPU_COUNTS) | {args.gpus})
-            plot(args.plot, counts, scaling(hw, args, counts), head.split(": ")[0] + " (predicted)", args.nodes)
+            plot(args.plot, counts, scaling(profile, args, counts), head.split(": ")[0] + " (predicted)", args.nodes)
             print(f"wrote {args.plot}")
     except OSError as e:
         ap.error(f"cannot write {e.filename}: {e.strerror}")

@@ -78,26 +78,26 @@ class Bound:
     def to_json(self) -> Dict[str, object]:
         return {"name": self.name, "ms": 1e3 * self.seconds, "margin_ms": 1e3 * self.margin, "runner_up": self.runner_up,
                 "share": self.share, "path_ms": 1e3 * self.path_s,
-                "parts_ms": {k: 1e3 * v for k, v in self.parts.items()},
-                "beside_ms": {k: 1e3 * v for k, v in self.beside.items()}}  # fmt: skip
+                "parts_ms": {part: 1e3 * seconds for part, seconds in self.parts.items()},
+                "beside_ms": {lane: 1e3 * seconds for lane, seconds in self.beside.items()}}  # fmt: skip
 
 
 def bound(cost: StepCost) -> Bound:
     """What bounds ``cost``'s step (:class:`Bound`). Why: a term's size alone does not say whether
     shrinking it shortens the step; a thread beside the step matters only once it outlasts the path,
     and the path's parts only while it is the longest lane."""
-    parts = {name: sum(cost.terms[t] for t in ts) for name, ts in PATH_PARTS.items()}
+    parts = {name: sum(cost.terms[term] for term in terms) for name, terms in PATH_PARTS.items()}
     path = sum(parts.values())
     beside = {name: 1e-3 * cost.details[key] for name, key in BESIDE.items() if key in cost.details}
     step = cost.step_s
     if cost.terms["contention"] > 0.0:
         return Bound(CONTENTION, cost.terms["contention"], cost.terms["contention"], "critical path", path, step, parts, beside)
-    lanes = sorted(beside.items(), key=lambda kv: -kv[1])
+    lanes = sorted(beside.items(), key=lambda lane: -lane[1])
     if lanes and lanes[0][1] > path:
         name, seconds = lanes[0]
-        nxt = max([("critical path", path), *lanes[1:]], key=lambda kv: kv[1])
-        return Bound(name, seconds, seconds - nxt[1], nxt[0], path, step, parts, beside)
-    name = max(parts, key=lambda k: parts[k])
+        runner_up, runner_up_s = max([("critical path", path), *lanes[1:]], key=lambda lane: lane[1])
+        return Bound(name, seconds, seconds - runner_up_s, runner_up, path, step, parts, beside)
+    name = max(parts, key=lambda part: parts[part])
     if not lanes:
         return Bound(name, parts[name], path, "none", path, step, parts, beside)
     return Bound(name, parts[name], path - lanes[0][1], lanes[0][0], path, step, parts, beside)

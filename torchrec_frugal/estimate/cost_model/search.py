@@ -16,21 +16,21 @@ UVM_LOAD_FACTOR_CHOICES = (0.05, 0.1, 0.2, 0.4)
 """cache_load_factor choices of a fused_uvm_caching plan (TorchRec's default: 0.2)."""
 
 
-def cache_ratio_choices(hw: HardwareProfile) -> Tuple[float, ...]:
-    """The cache ratios to choose from on ``hw``. Where the device is host memory, no cache at all
+def cache_ratio_choices(profile: HardwareProfile) -> Tuple[float, ...]:
+    """The cache ratios to choose from on ``profile``. Where the device is host memory, no cache at all
     is a choice too: a cached row is read from the same memory as the host table, and its update
     is written to the cache and then flushed, so the model may well price no cache lower."""
-    return ((0.0,) if hw.device_is_host else ()) + CACHE_RATIO_CHOICES
+    return ((0.0,) if profile.device_is_host else ()) + CACHE_RATIO_CHOICES
 
 
-def frugal_offered(hw: HardwareProfile, world_size: int) -> bool:
-    """Whether the planner offers Frugal to ``world_size`` ranks on ``hw``. Not to one rank whose
+def frugal_offered(profile: HardwareProfile, world_size: int) -> bool:
+    """Whether the planner offers Frugal to ``world_size`` ranks on ``profile``. Not to one rank whose
     device is host memory: there Frugal has nothing to save (no peer to spare an all-to-all, no
     link between the device and the host table), while its engine's threads still run in the
     rank's process beside the step's. The model prices that as a tie with stock; measured, every
     such run was slower than the best stock plan (docs/cost_model.md, "The planner with the
     shipped profile")."""
-    return world_size > 1 or not hw.device_is_host
+    return world_size > 1 or not profile.device_is_host
 
 
 def frugal_kind(nodes: int) -> str:
@@ -45,36 +45,38 @@ def shardings_for(nodes: int, device: str = "cuda") -> Tuple[str, ...]:
 
 
 def recommend_stock(
-    model: CostModel, w: Workload, choice: str, load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES
+    model: CostModel, workload: Workload, choice: str, uvm_load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES
 ) -> Tuple[Plan, StepCost]:
     """A stock choice on every table; for fused_uvm_caching, the cache_load_factor of least predicted
     step among those that fit (the smallest if none fits)."""
     if split_choice(choice)[1] != FUSED_UVM_CACHING:
         plan = Plan(choice)
-        return plan, model.predict(w, plan)
-    return _least_step(model, w, [Plan(choice, uvm_load_factor=lf) for lf in load_factors])
+        return plan, model.predict(workload, plan)
+    plans = [Plan(choice, uvm_load_factor=load_factor) for load_factor in uvm_load_factors]
+    return _least_step(model, workload, plans)
 
 
 def recommend_frugal(
     model: CostModel,
-    w: Workload,
+    workload: Workload,
     cache_ratios: Optional[Sequence[float]] = None,
     lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
 ) -> Tuple[Plan, StepCost]:
     """The cache ratio (default: :func:`cache_ratio_choices`) and lookahead of least predicted step
     time among those that fit in device memory (the smallest cache if none fits); ties go to the
     earlier choice."""
-    kind = frugal_kind(w.nodes)
+    kind = frugal_kind(workload.nodes)
     if cache_ratios is None:
-        cache_ratios = cache_ratio_choices(model.hw)
-    return _least_step(model, w, [Plan(kind, cache_ratio=c, lookahead=L) for c in cache_ratios for L in lookaheads])
+        cache_ratios = cache_ratio_choices(model.profile)
+    plans = [Plan(kind, cache_ratio=ratio, lookahead=lookahead) for ratio in cache_ratios for lookahead in lookaheads]
+    return _least_step(model, workload, plans)
 
 
-def _least_step(model: CostModel, w: Workload, plans: Sequence[Plan]) -> Tuple[Plan, StepCost]:
+def _least_step(model: CostModel, workload: Workload, plans: Sequence[Plan]) -> Tuple[Plan, StepCost]:
     """The first of ``plans`` with the least predicted step among those that fit (by ``_better``)."""
     best: Optional[Tuple[Plan, StepCost]] = None
     for plan in plans:
-        cost = model.predict(w, plan)
+        cost = model.predict(workload, plan)
         if _better(cost, None if best is None else best[1]):
             best = (plan, cost)
     assert best is not None
@@ -82,20 +84,22 @@ def _least_step(model: CostModel, w: Workload, plans: Sequence[Plan]) -> Tuple[P
 
 
 def predict_all(
-    model: CostModel, w: Workload, frugal: Optional[Plan] = None, shardings: Optional[Sequence[str]] = None
+    model: CostModel, workload: Workload, frugal: Optional[Plan] = None, shardings: Optional[Sequence[str]] = None
 ) -> Dict[str, StepCost]:
-    """Every choice's predicted step (default: ``shardings_for(w.nodes, device)``); Frugal with
+    """Every choice's predicted step (default: ``shardings_for(workload.nodes, device)``); Frugal with
     ``frugal``'s cache ratio and lookahead, or the recommended ones; fused_uvm_caching with its
     recommended cache_load_factor (``details["uvm_load_factor"]``)."""
-    out: Dict[str, StepCost] = {}
-    for s in shardings if shardings is not None else shardings_for(w.nodes, model.hw.device):
-        if s in FRUGAL_KINDS:
-            out[s] = model.predict(w, replace(frugal, sharding=s)) if frugal is not None else recommend_frugal(model, w)[1]
+    costs: Dict[str, StepCost] = {}
+    for sharding in shardings if shardings is not None else shardings_for(workload.nodes, model.profile.device):
+        if sharding not in FRUGAL_KINDS:
+            plan, costs[sharding] = recommend_stock(model, workload, sharding)
+            if split_choice(sharding)[1] == FUSED_UVM_CACHING:
+                costs[sharding].details["uvm_load_factor"] = plan.uvm_load_factor
+        elif frugal is not None:
+            costs[sharding] = model.predict(workload, replace(frugal, sharding=sharding))
         else:
-            plan, out[s] = recommend_stock(model, w, s)
-            if split_choice(s)[1] == FUSED_UVM_CACHING:
-                out[s].details["uvm_load_factor"] = plan.uvm_load_factor
-    return out
+            costs[sharding] = recommend_frugal(model, workload)[1]
+    return costs
 
 
 PLANNER_SHARDINGS = (FRUGAL, "table_wise", "row_wise", "table_row_wise")
@@ -107,7 +111,7 @@ CUDA device also TorchRec's offloading of table_wise and row_wise."""
 def planner_shardings(nodes: int, device: str = "cuda", prefetch: bool = False) -> Tuple[str, ...]:
     """The planner's candidates: ``prefetch`` adds fused_uvm_caching with the prefetch pipeline
     (the model must then be trained with TorchRec's PrefetchTrainPipelineSparseDist)."""
-    uvm = tuple(c for c in UVM_CHOICES if prefetch or not c.endswith(PREFETCH)) if device == "cuda" else ()
+    uvm = tuple(choice for choice in UVM_CHOICES if prefetch or not choice.endswith(PREFETCH)) if device == "cuda" else ()
     return (frugal_kind(nodes),) + PLANNER_SHARDINGS[1:] + uvm
 
 
@@ -121,7 +125,7 @@ class PlanChoice:
 
     def predicted(self) -> Dict[str, StepCost]:
         """"plan" (the chosen one), then every uniform alternative by sharding."""
-        return {"plan": self.cost, **{s: c for s, (_, c) in self.uniform.items()}}
+        return {"plan": self.cost, **{sharding: cost for sharding, (_, cost) in self.uniform.items()}}
 
 
 def _better(cost: StepCost, than: Optional[StepCost]) -> bool:
@@ -133,12 +137,12 @@ def _better(cost: StepCost, than: Optional[StepCost]) -> bool:
 
 def choose_plan(
     model: CostModel,
-    w: Workload,
+    workload: Workload,
     candidates: Optional[Mapping[str, Sequence[str]]] = None,
     cache_ratios: Optional[Sequence[float]] = None,
     lookaheads: Sequence[int] = LOOKAHEAD_CHOICES,
     rounds: int = 4,
-    load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES,
+    uvm_load_factors: Sequence[float] = UVM_LOAD_FACTOR_CHOICES,
 ) -> PlanChoice:
     """A sharding per table, a cache ratio (default: :func:`cache_ratio_choices`) and a lookahead of
     least predicted step time.
@@ -153,56 +157,57 @@ def choose_plan(
     fixed work, the gate stall, contention), so every move is priced on the whole plan; the
     result is never predicted slower than the best uniform plan.
     """
-    names = [t.name for t in sorted(w.tables, key=lambda t: -t.rows * t.dim)]
-    ratios = cache_ratio_choices(model.hw) if cache_ratios is None else cache_ratios
-    cand = {n: tuple((candidates or {}).get(n, planner_shardings(w.nodes, model.hw.device))) for n in names}
-    if not frugal_offered(model.hw, w.world_size):  # a table that may only be Frugal's keeps it
-        cand = {n: tuple(s for s in c if s not in FRUGAL_KINDS) or c for n, c in cand.items()}
-    if any(not c for c in cand.values()):
+    profile = model.profile
+    names = [table.name for table in sorted(workload.tables, key=lambda table: -table.rows * table.dim)]
+    ratios = cache_ratio_choices(profile) if cache_ratios is None else cache_ratios
+    allowed = {name: tuple((candidates or {}).get(name, planner_shardings(workload.nodes, profile.device))) for name in names}
+    if not frugal_offered(profile, workload.world_size):  # a table that may only be Frugal's keeps it
+        allowed = {name: tuple(option for option in shardings if option not in FRUGAL_KINDS) or shardings for name, shardings in allowed.items()}
+    if any(not shardings for shardings in allowed.values()):
         raise ValueError("every table needs at least one candidate sharding")
 
-    def tune(assign: Dict[str, str], plan: Plan, cost: Optional[StepCost]) -> Tuple[Plan, StepCost]:
+    def tune(assignment: Dict[str, str], plan: Plan, cost: Optional[StepCost]) -> Tuple[Plan, StepCost]:
         """The best cache ratio and L (with fused_uvm_caching tables: cache_load_factor) for
-        ``assign`` (kept as in ``plan`` on ties)."""
-        best = (plan, cost if cost is not None else model.predict(w, plan))
-        if set(assign.values()) & set(FRUGAL_KINDS):
-            for c in ratios:
-                for L in lookaheads:
-                    trial = Plan.of(assign, c, L, best[0].uvm_load_factor)
-                    trial_cost = model.predict(w, trial)
+        ``assignment`` (kept as in ``plan`` on ties)."""
+        best = (plan, cost if cost is not None else model.predict(workload, plan))
+        if set(assignment.values()) & set(FRUGAL_KINDS):
+            for ratio in ratios:
+                for lookahead in lookaheads:
+                    trial = Plan.of(assignment, ratio, lookahead, best[0].uvm_load_factor)
+                    trial_cost = model.predict(workload, trial)
                     if _better(trial_cost, best[1]):
                         best = (trial, trial_cost)
-        if any(split_choice(s)[1] == FUSED_UVM_CACHING for s in assign.values()):
-            for lf in load_factors:
-                trial = Plan.of(assign, best[0].cache_ratio, best[0].lookahead, lf)
-                trial_cost = model.predict(w, trial)
+        if any(split_choice(sharding)[1] == FUSED_UVM_CACHING for sharding in assignment.values()):
+            for load_factor in uvm_load_factors:
+                trial = Plan.of(assignment, best[0].cache_ratio, best[0].lookahead, load_factor)
+                trial_cost = model.predict(workload, trial)
                 if _better(trial_cost, best[1]):
                     best = (trial, trial_cost)
         return best
 
-    def descend(assign: Dict[str, str], plan: Plan, cost: StepCost) -> Tuple[Plan, StepCost]:
+    def descend(assignment: Dict[str, str], plan: Plan, cost: StepCost) -> Tuple[Plan, StepCost]:
         for _ in range(rounds):
             moved = False
-            for n in names:
-                for s in cand[n]:
-                    if s == assign[n]:
+            for name in names:
+                for sharding in allowed[name]:
+                    if sharding == assignment[name]:
                         continue
-                    trial = {**assign, n: s}
+                    trial = {**assignment, name: sharding}
                     trial_plan = Plan.of(trial, plan.cache_ratio, plan.lookahead, plan.uvm_load_factor)
-                    trial_cost = model.predict(w, trial_plan)
+                    trial_cost = model.predict(workload, trial_plan)
                     if _better(trial_cost, cost):
-                        assign, plan, cost, moved = trial, trial_plan, trial_cost, True
+                        assignment, plan, cost, moved = trial, trial_plan, trial_cost, True
             if not moved:
                 break
-            plan, cost = tune(assign, plan, cost)
+            plan, cost = tune(assignment, plan, cost)
         return plan, cost
 
     uniform: Dict[str, Tuple[Plan, StepCost]] = {}
     best: Optional[Tuple[Plan, StepCost]] = None
-    for s in dict.fromkeys(x for n in names for x in cand[n]):
-        assign = {n: s if s in cand[n] else cand[n][0] for n in names}
-        uniform[s] = tune(assign, Plan.of(assign), None)
-        plan, cost = descend(assign, *uniform[s])
+    for sharding in dict.fromkeys(option for name in names for option in allowed[name]):
+        assignment = {name: sharding if sharding in allowed[name] else allowed[name][0] for name in names}
+        uniform[sharding] = tune(assignment, Plan.of(assignment), None)
+        plan, cost = descend(assignment, *uniform[sharding])
         if best is None or _better(cost, best[1]):
             best = (plan, cost)
     assert best is not None

@@ -39,32 +39,35 @@ def flush_rate(updated: np.ndarray, read_by_others: np.ndarray, lookahead: int) 
     return updated * (1.0 - miss) + read_by_others * miss
 
 
-def table_traffic(t: CostTable, w: Workload, plan: Plan, device_is_host: bool) -> TableTraffic:
+def table_traffic(table: CostTable, workload: Workload, plan: Plan, device_is_host: bool) -> TableTraffic:
     """The row counts one table costs per step under ``plan`` (docs/cost_model.md, "Traffic")."""
-    d, W = t.distribution, w.world_size
-    ids = w.batch_size * t.pooling
+    distribution, world = table.distribution, workload.world_size
+    ids = workload.batch_size * table.pooling
     # The real data's tail (CostTable.tail_rate): rows read once an epoch, distinct, never cached,
     # updated by their owner and written back once (by the flushers on an accelerator).
-    tail = ids * t.tail_rate()
-    base = TableTraffic(ids=ids, unique_rank=d.expected_unique(ids) + tail, unique_all=d.expected_unique(W * ids) + W * tail)
-    if plan.sharding_of(t.name) not in FRUGAL_KINDS:
+    tail = ids * table.tail_rate()
+    base = TableTraffic(ids=ids, unique_rank=distribution.expected_unique(ids) + tail,
+                        unique_all=distribution.expected_unique(world * ids) + world * tail)  # fmt: skip
+    if plan.sharding_of(table.name) not in FRUGAL_KINDS:
         return base
     # Hot rows: W * floor(c N) hottest (by pre-sample), dealt round-robin: each rank holds 1/W of them.
-    k = min(t.rows, W * int(plan.cache_ratio * t.rows + 1e-9)) if plan.cache_ratio < 1.0 else t.rows
-    hot = d.hot_set(k, w.presample_draws)
-    own_hot_unique = float((hot * d.touched(ids)).sum()) / W
-    u, q = d.touched(W * ids), d.touched((W - 1) * ids)
-    rate = flush_rate(u, q, plan.lookahead)
-    inline = u if plan.lookahead == 0 else u * q
+    if plan.cache_ratio < 1.0:
+        hot_count = min(table.rows, world * int(plan.cache_ratio * table.rows + 1e-9))
+    else:
+        hot_count = table.rows
+    hot = distribution.hot_set(hot_count, workload.presample_draws)
+    own_hot_unique = float((hot * distribution.touched(ids)).sum()) / world
+    updated, read_by_others = distribution.touched(world * ids), distribution.touched((world - 1) * ids)
+    rate = flush_rate(updated, read_by_others, plan.lookahead)
+    inline = updated if plan.lookahead == 0 else updated * read_by_others
     # On a CPU device an owner updates uncached rows in place in host memory: only cached rows flush.
-    rows_flushing = hot if device_is_host else d.count
+    rows_flushing = hot if device_is_host else distribution.count
     tail_flushed = 0.0 if device_is_host else tail
     return replace(
         base,
-        hit_ratio=float((hot * d.prob).sum()) / W * (1.0 - t.tail_rate()),  # tail ids never hit
+        hit_ratio=float((hot * distribution.prob).sum()) / world * (1.0 - table.tail_rate()),  # tail ids never hit
         host_rows=max(0.0, base.unique_rank - own_hot_unique),
-        owned_fresh_rows=float(((d.count - hot) * u).sum()) / W + tail,
-        flushed_rows=float((rows_flushing * rate).sum()) / W + tail_flushed,
-        inline_rows=float((rows_flushing * inline).sum()) / W + (tail_flushed if plan.lookahead == 0 else 0.0),
+        owned_fresh_rows=float(((distribution.count - hot) * updated).sum()) / world + tail,
+        flushed_rows=float((rows_flushing * rate).sum()) / world + tail_flushed,
+        inline_rows=float((rows_flushing * inline).sum()) / world + (tail_flushed if plan.lookahead == 0 else 0.0),
     )
-

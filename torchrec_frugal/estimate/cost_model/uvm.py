@@ -22,23 +22,23 @@ SET_PROBE_BYTES = 2 * 32 * 8
 and their LRU timestamps (``lru_state``), int64 each."""
 
 
-def cache_management(p: Primitives, ids: float, unique: float, misses: float) -> float:
+def cache_management(primitives: Primitives, ids: float, unique: float, misses: float) -> float:
     """Device seconds FBGEMM spends managing a fused_uvm_caching cache for one step's lookups, besides
     moving rows over the host link: the prefetch's fixed operators, one pass over the ids (linearize,
     sort, unique: the TBE kernel's per-id rate), one 32-way set probe per distinct row, and the
     insert per miss (``HardwareProfile.uvm_miss_cost_s``)."""
-    hw = p.hw
-    return (UVM_PREFETCH_OPS * hw.op_overhead_s + ids * hw.kernel_id_s + p.device_gather(unique, SET_PROBE_BYTES)
-            + misses * hw.uvm_miss_cost_s)  # fmt: skip
+    profile = primitives.profile
+    return (UVM_PREFETCH_OPS * profile.op_overhead_s + ids * profile.kernel_id_s
+            + primitives.device_gather(unique, SET_PROBE_BYTES) + misses * profile.uvm_miss_cost_s)  # fmt: skip
 
 
 def uvm_cache(
-    dists: Sequence[RowDistribution], draws: Sequence[float], capacity: float, algorithm: str = "lru"
+    distributions: Sequence[RowDistribution], draws: Sequence[float], capacity: float, algorithm: str = "lru"
 ) -> List[Tuple[float, float]]:
     """One device cache of ``capacity`` rows shared by tables drawing ``draws[t]`` ids a step from
-    ``dists[t]`` (FBGEMM's cache of one TBE serves all its tables). Per table: (distinct rows a step
-    that miss and are fetched from host, the same for every step in steady state; the share of the
-    step's distinct rows found in the cache).
+    ``distributions[t]`` (FBGEMM's cache of one TBE serves all its tables). Per table: (distinct rows
+    a step that miss and are fetched from host, the same for every step in steady state; the share
+    of the step's distinct rows found in the cache).
 
     ``lru`` (FBGEMM's default, and what TorchRec's estimator models through reuse distances):
     Che's approximation under independent draws: the cache holds the rows drawn in the last tau
@@ -49,56 +49,56 @@ def uvm_cache(
     """
     if algorithm not in UVM_ALGORITHMS:
         raise ValueError(f"unknown cache algorithm {algorithm!r}; choose one of {UVM_ALGORITHMS}")
-    rows = sum(d.rows for d in dists)
-    out: List[Tuple[float, float]] = []
+    rows = sum(distribution.rows for distribution in distributions)
+    per_table: List[Tuple[float, float]] = []
     if capacity >= rows:
-        return [(0.0, 1.0) for _ in dists]
+        return [(0.0, 1.0) for _ in distributions]
     if algorithm == "lfu":
         # heat per step of every group of every table, hottest first, the top `capacity` rows cached
-        heat = np.concatenate([d.prob * n for d, n in zip(dists, draws)])
-        count = np.concatenate([d.count for d in dists])
+        heat = np.concatenate([distribution.prob * table_draws for distribution, table_draws in zip(distributions, draws)])
+        count = np.concatenate([distribution.count for distribution in distributions])
         order = np.argsort(-heat, kind="stable")
         before = np.concatenate([[0.0], np.cumsum(count[order])[:-1]])
         cached_sorted = np.clip(capacity - before, 0.0, count[order])
         cached = np.empty_like(cached_sorted)
         cached[order] = cached_sorted
         at = 0
-        for d, n in zip(dists, draws):
-            g = len(d.count)
-            c, touched = cached[at : at + g], d.touched(n)
-            at += g
-            unique = float((d.count * touched).sum())
-            miss = float(((d.count - c) * touched).sum())
-            out.append((miss, 1.0 - miss / unique if unique > 0 else 1.0))
-        return out
+        for distribution, table_draws in zip(distributions, draws):
+            groups = len(distribution.count)
+            table_cached, touched = cached[at : at + groups], distribution.touched(table_draws)
+            at += groups
+            unique = float((distribution.count * touched).sum())
+            miss = float(((distribution.count - table_cached) * touched).sum())
+            per_table.append((miss, 1.0 - miss / unique if unique > 0 else 1.0))
+        return per_table
 
     def filled(tau: float) -> float:
-        return sum(d.expected_unique(n * tau) for d, n in zip(dists, draws))
+        return sum(distribution.expected_unique(table_draws * tau) for distribution, table_draws in zip(distributions, draws))
 
-    lo, hi = 0.0, 1.0
-    while filled(hi) < capacity and hi < 1e15:
-        hi *= 2.0
+    low, high = 0.0, 1.0
+    while filled(high) < capacity and high < 1e15:
+        high *= 2.0
     for _ in range(60):  # bisection on log scale is not needed: filled() is smooth and monotone
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if filled(mid) < capacity else (lo, mid)
-    tau = 0.5 * (lo + hi)
-    for d, n in zip(dists, draws):
-        touched = d.touched(n)
-        unique = float((d.count * touched).sum())
-        miss = float((d.count * touched * d.untouched_after(n * tau)).sum())
-        out.append((miss, 1.0 - miss / unique if unique > 0 else 1.0))
-    return out
-
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if filled(middle) < capacity else (low, middle)
+    tau = 0.5 * (low + high)
+    for distribution, table_draws in zip(distributions, draws):
+        touched = distribution.touched(table_draws)
+        unique = float((distribution.count * touched).sum())
+        miss = float((distribution.count * touched * distribution.untouched_after(table_draws * tau)).sum())
+        per_table.append((miss, 1.0 - miss / unique if unique > 0 else 1.0))
+    return per_table
 
 
 class UvmCost:
     """A table_wise or row_wise group of tables offloaded to host memory, per rank."""
 
-    def __init__(self, hw: HardwareProfile) -> None:
-        self.hw = hw
+    def __init__(self, profile: HardwareProfile) -> None:
+        self.profile = profile
 
     def price(
-        self, w: Workload, sharding: str, kernel: str, prefetch: bool, p: Primitives, tr: List[TableTraffic], plan: Plan
+        self, workload: Workload, sharding: str, kernel: str, prefetch: bool, primitives: Primitives,
+        traffic: List[TableTraffic], plan: Plan,
     ) -> Tuple[Dict[str, float], float, float]:
         """TorchRec's offloading (FBGEMM's ``EmbeddingLocation.MANAGED_CACHING`` / ``MANAGED``): every
         table in host memory mapped into the GPU, sharded table_wise or row_wise.
@@ -116,79 +116,91 @@ class UvmCost:
         optimizer state stays in device memory (FBGEMM places it there); wider state lives in UVM
         and crosses the link with every update. Then the all-to-alls of the sharding, as FUSED.
         Returns (terms, bytes per device, prefetch seconds beside the step)."""
-        if self.hw.device_is_host:
+        profile = self.profile
+        if profile.device_is_host:
             raise ValueError(f"{kernel} is a CUDA kernel (TorchRec's CPU sharders offer only fused); "
-                             f"profile {self.hw.name!r} trains on {self.hw.device}")  # fmt: skip
-        W, B, T = w.world_size, w.batch_size, len(w.tables)
-        hw, sf = self.hw, w.state_floats_per_row * F32
-        rowwise = w.state_floats_per_row <= 1.0
-        dev_state, host_state = (sf, 0.0) if rowwise else (0.0, sf)
-        if sharding == "table_wise":  # (table, ids, distinct rows, distribution, draws, rows) on the table's rank
-            entry = lambda i: (i, W * tr[i].ids, tr[i].unique_all, w.tables[i].distribution, W * tr[i].ids,  # noqa: E731
-                               float(w.tables[i].rows))  # fmt: skip
-        else:
-            entry = lambda i: (i, tr[i].ids, tr[i].unique_all / W, w.tables[i].distribution.block(W),  # noqa: E731
-                               tr[i].ids, w.tables[i].rows / W)  # fmt: skip
+                             f"profile {profile.name!r} trains on {profile.device}")  # fmt: skip
+        world, batch_size, table_count = workload.world_size, workload.batch_size, len(workload.tables)
+        tables = workload.tables
+        state_bytes = workload.state_floats_per_row * F32
+        rowwise = workload.state_floats_per_row <= 1.0
+        device_state, host_state = (state_bytes, 0.0) if rowwise else (0.0, state_bytes)
+
+        def table_entry(i: int) -> Tuple[int, float, float, RowDistribution, float, float]:
+            """(table, ids, distinct rows, distribution, draws, rows) of table ``i`` on one rank: a
+            table_wise table whole on its rank, a row_wise table's block on each rank."""
+            if sharding == "table_wise":
+                return (i, world * traffic[i].ids, traffic[i].unique_all, tables[i].distribution, world * traffic[i].ids,
+                        float(tables[i].rows))  # fmt: skip
+            return (i, traffic[i].ids, traffic[i].unique_all / world, tables[i].distribution.block(world),
+                    traffic[i].ids, tables[i].rows / world)  # fmt: skip
 
         def rank_cost(entries: Sequence[Tuple[int, float, float, RowDistribution, float, float]]) -> Dict[str, float]:
-            out = dict.fromkeys(("embedding_lookup", "embedding_update", "uvm_reads", "uvm_writes", "prefetch", "misses"), 0.0)
+            cost = dict.fromkeys(("embedding_lookup", "embedding_update", "uvm_reads", "uvm_writes", "prefetch", "misses"), 0.0)
             if kernel == FUSED_UVM_CACHING:
-                capacity = plan.uvm_load_factor * sum(e[5] for e in entries)
-                misses = uvm_cache([e[3] for e in entries], [e[4] for e in entries], capacity, plan.uvm_algorithm)
-            for k, (i, ids, unique, _, draws, _) in enumerate(entries):
-                rb = w.tables[i].dim * F32
+                capacity = plan.uvm_load_factor * sum(entry[5] for entry in entries)
+                misses = uvm_cache([entry[3] for entry in entries], [entry[4] for entry in entries], capacity,
+                                   plan.uvm_algorithm)  # fmt: skip
+            for position, (i, ids, unique, _, draws, _) in enumerate(entries):
+                row_bytes = tables[i].dim * F32
                 if kernel == FUSED_UVM_CACHING:
                     # the distribution's misses, plus the real data's tail: compulsory misses
-                    miss = misses[k][0] + draws * w.tables[i].tail_rate()
-                    out["misses"] += miss
-                    out["embedding_lookup"] += p.device_gather(unique, rb) + ids * hw.kernel_id_s
-                    out["embedding_update"] += p.device_gather(unique, rb + dev_state) + p.device_scatter(unique, rb + dev_state)
-                    manage = cache_management(p, ids, unique, miss)
-                    fill = p.host_read_random(miss, rb) + p.host_write(miss, rb)  # misses in, evicted dirty rows out
+                    miss = misses[position][0] + draws * tables[i].tail_rate()
+                    cost["misses"] += miss
+                    cost["embedding_lookup"] += primitives.device_gather(unique, row_bytes) + ids * profile.kernel_id_s
+                    cost["embedding_update"] += (primitives.device_gather(unique, row_bytes + device_state)
+                                                 + primitives.device_scatter(unique, row_bytes + device_state))  # fmt: skip
+                    manage = cache_management(primitives, ids, unique, miss)
+                    # misses in, evicted dirty rows out
+                    fill = primitives.host_read_random(miss, row_bytes) + primitives.host_write(miss, row_bytes)
                     if prefetch:
-                        out["prefetch"] += fill + manage
+                        cost["prefetch"] += fill + manage
                     else:
-                        out["embedding_lookup"] += manage
-                        out["uvm_reads"] += p.host_read_random(miss, rb)
-                        out["uvm_writes"] += p.host_write(miss, rb)
-                    out["uvm_reads"] += p.host_read_random(unique, host_state)
-                    out["uvm_writes"] += p.host_write(unique, host_state)
+                        cost["embedding_lookup"] += manage
+                        cost["uvm_reads"] += primitives.host_read_random(miss, row_bytes)
+                        cost["uvm_writes"] += primitives.host_write(miss, row_bytes)
+                    cost["uvm_reads"] += primitives.host_read_random(unique, host_state)
+                    cost["uvm_writes"] += primitives.host_write(unique, host_state)
                 else:  # fused_uvm: weights (and wide state) over the link, row-wise state in the device
-                    out["embedding_lookup"] += ids * hw.kernel_id_s
-                    out["uvm_reads"] += p.host_read_random(unique, rb) + p.host_read_random(unique, rb + host_state)
-                    out["uvm_writes"] += p.host_write(unique, rb + host_state)
-                    if dev_state:
-                        out["embedding_update"] += p.device_gather(unique, dev_state) + p.device_scatter(unique, dev_state)
-            return out
+                    cost["embedding_lookup"] += ids * profile.kernel_id_s
+                    cost["uvm_reads"] += (primitives.host_read_random(unique, row_bytes)
+                                          + primitives.host_read_random(unique, row_bytes + host_state))  # fmt: skip
+                    cost["uvm_writes"] += primitives.host_write(unique, row_bytes + host_state)
+                    if device_state:
+                        cost["embedding_update"] += (primitives.device_gather(unique, device_state)
+                                                     + primitives.device_scatter(unique, device_state))  # fmt: skip
+            return cost
 
-        def device_bytes(idx: Sequence[int]) -> float:
-            rows = sum(entry(i)[5] for i in idx)
-            dims = sum(entry(i)[5] * w.tables[i].dim * F32 for i in idx)
+        def device_bytes(indices: Sequence[int]) -> float:
+            rows = sum(table_entry(i)[5] for i in indices)
+            dims = sum(table_entry(i)[5] * tables[i].dim * F32 for i in indices)
             cache = plan.uvm_load_factor * dims if kernel == FUSED_UVM_CACHING else 0.0
-            return cache + rows * dev_state
+            return cache + rows * device_state
 
+        ids_sent = sum(counts.ids for counts in traffic) * (world - 1) / world
+        dim_sum = sum(table.dim for table in tables)
         if sharding == "table_wise":
-            alone = [_seconds(rank_cost([entry(i)])) for i in range(T)]  # each table with its own cache
-            ranks = assign_tables(alone, W)
-            costs = [rank_cost([entry(i) for i in r]) if r else {} for r in ranks]
-            busiest = max(range(W), key=lambda r: _seconds(costs[r]))
-            terms = {k: v for k, v in costs[busiest].items()}
-            mem = max(device_bytes(r) for r in ranks)
-            ids_sent = sum(t.ids for t in tr) * (W - 1) / W
-            terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + B * T * LENGTH_BYTES * (W - 1) / W)
-            terms["output_all_to_all"] = p.all_to_all(B * sum(t.dim for t in w.tables) * F32 * (W - 1) / W, calls=2)
+            alone = [_seconds(rank_cost([table_entry(i)])) for i in range(table_count)]  # each table with its own cache
+            ranks = assign_tables(alone, world)
+            costs = [rank_cost([table_entry(i) for i in rank]) if rank else {} for rank in ranks]
+            busiest = max(range(world), key=lambda rank: _seconds(costs[rank]))
+            terms = dict(costs[busiest])
+            memory = max(device_bytes(rank) for rank in ranks)
+            terms["input_all_to_all"] = primitives.all_to_all(
+                ids_sent * INDEX_BYTES + batch_size * table_count * LENGTH_BYTES * (world - 1) / world)
+            terms["output_all_to_all"] = primitives.all_to_all(batch_size * dim_sum * F32 * (world - 1) / world, calls=2)
         else:
-            terms = rank_cost([entry(i) for i in range(T)])
-            terms["embedding_lookup"] += sum(p.device_stream(W * B * t.dim * F32) for t in w.tables)
-            mem = device_bytes(range(T))
-            ids_sent = sum(t.ids for t in tr) * (W - 1) / W
-            terms["input_all_to_all"] = p.all_to_all(ids_sent * INDEX_BYTES + (W - 1) * B * T * LENGTH_BYTES)
-            terms["output_all_to_all"] = p.all_to_all((W - 1) * B * sum(t.dim for t in w.tables) * F32, calls=2)
+            terms = rank_cost([table_entry(i) for i in range(table_count)])
+            terms["embedding_lookup"] += sum(primitives.device_stream(world * batch_size * table.dim * F32) for table in tables)
+            memory = device_bytes(range(table_count))
+            terms["input_all_to_all"] = primitives.all_to_all(
+                ids_sent * INDEX_BYTES + (world - 1) * batch_size * table_count * LENGTH_BYTES)
+            terms["output_all_to_all"] = primitives.all_to_all((world - 1) * batch_size * dim_sum * F32, calls=2)
         background = terms.pop("prefetch")
         terms.pop("misses")
-        return terms, mem, background
+        return terms, memory, background
 
 
 def _seconds(cost: Dict[str, float]) -> float:
     """A rank's seconds of its terms (its miss count left out)."""
-    return sum(v for k, v in cost.items() if k != "misses")
+    return sum(seconds for term, seconds in cost.items() if term != "misses")

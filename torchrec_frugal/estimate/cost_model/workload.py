@@ -63,18 +63,18 @@ class RowDistribution:
         whose rows share the group's mean of x^-s (integral over the group's rank range)."""
         head = min(rows, exact_head)
         ranks = np.arange(1, head + 1, dtype=np.float64)
-        w = [ranks ** (-s)]
-        n = [np.ones(head)]
+        group_weights = [ranks ** (-s)]
+        group_counts = [np.ones(head)]
         if rows > head:
-            k = int(np.ceil(np.log(rows / head) / np.log(ratio))) + 1
-            edges = np.unique(np.round(head * ratio ** np.arange(k + 1)).astype(np.int64))
+            steps = int(np.ceil(np.log(rows / head) / np.log(ratio))) + 1
+            edges = np.unique(np.round(head * ratio ** np.arange(steps + 1)).astype(np.int64))
             edges = np.concatenate([edges[edges < rows], [rows]])  # group (edges[j], edges[j+1]]
-            lo, hi = edges[:-1] + 0.5, edges[1:] + 0.5
-            cnt = (edges[1:] - edges[:-1]).astype(np.float64)
-            integral = np.log(hi / lo) if abs(s - 1.0) < 1e-12 else (hi ** (1 - s) - lo ** (1 - s)) / (1 - s)
-            w.append(integral / cnt)
-            n.append(cnt)
-        weights, counts = np.concatenate(w), np.concatenate(n)
+            low, high = edges[:-1] + 0.5, edges[1:] + 0.5
+            sizes = (edges[1:] - edges[:-1]).astype(np.float64)
+            integral = np.log(high / low) if abs(s - 1.0) < 1e-12 else (high ** (1 - s) - low ** (1 - s)) / (1 - s)
+            group_weights.append(integral / sizes)
+            group_counts.append(sizes)
+        weights, counts = np.concatenate(group_weights), np.concatenate(group_counts)
         return cls(weights / float((weights * counts).sum()), counts)
 
     @classmethod
@@ -84,12 +84,12 @@ class RowDistribution:
     @classmethod
     def from_counts(cls, counts: Sequence[float]) -> "RowDistribution":
         """From per-row id counts of a pre-sample or a trace (rows never seen: probability 0)."""
-        c = np.asarray(counts, dtype=np.float64).reshape(-1)
-        if c.size == 0 or (c < 0).any() or c.sum() <= 0:
+        per_row = np.asarray(counts, dtype=np.float64).reshape(-1)
+        if per_row.size == 0 or (per_row < 0).any() or per_row.sum() <= 0:
             raise ValueError("counts must be non-negative with a positive sum")
-        values, mult = np.unique(c, return_counts=True)
+        values, multiplicity = np.unique(per_row, return_counts=True)
         order = np.argsort(-values)
-        return cls(values[order] / c.sum(), mult[order].astype(np.float64))
+        return cls(values[order] / per_row.sum(), multiplicity[order].astype(np.float64))
 
     @property
     def rows(self) -> int:
@@ -130,12 +130,12 @@ class RowDistribution:
             return self.top(k)
         seen = self.count * self.touched(presample_draws)
         before = np.concatenate([[0.0], np.cumsum(seen)[:-1]])
-        w = np.clip(k - before, 0.0, seen)
-        rest = max(0.0, k - float(w.sum()))
+        picked = np.clip(k - before, 0.0, seen)
+        rest = max(0.0, k - float(picked.sum()))
         unseen = self.count - seen
         if rest > 0 and unseen.sum() > 0:
-            w = w + unseen * min(1.0, rest / float(unseen.sum()))
-        return w
+            picked = picked + unseen * min(1.0, rest / float(unseen.sum()))
+        return picked
 
 
 
@@ -188,9 +188,9 @@ class DenseModel:
         per layer (matmul, bias, activation)."""
         flops, params, ops = extra_flops, 0, extra_ops
         for widths in stacks:
-            for a, b in zip(widths, widths[1:]):
-                flops += 2.0 * a * b
-                params += a * b + b
+            for fan_in, fan_out in zip(widths, widths[1:]):
+                flops += 2.0 * fan_in * fan_out
+                params += fan_in * fan_out + fan_out
                 ops += 3
         return cls(flops, params, ops)
 
@@ -239,9 +239,9 @@ class Plan:
     uvm_algorithm: str = "lru"  # fused_uvm_caching: FBGEMM's CacheAlgorithm (LRU, its default, or LFU)
 
     def __post_init__(self) -> None:
-        for s in (self.sharding, *self.tables.values()):
-            if s not in SHARDINGS:
-                raise ValueError(f"unknown sharding {s!r}; choose one of {SHARDINGS}")
+        for sharding in (self.sharding, *self.tables.values()):
+            if sharding not in SHARDINGS:
+                raise ValueError(f"unknown sharding {sharding!r}; choose one of {SHARDINGS}")
         if not 0.0 <= self.cache_ratio <= 1.0 or self.lookahead < 0:
             raise ValueError("cache_ratio must be in [0, 1] and lookahead >= 0")
         if not 0.0 < self.uvm_load_factor <= 1.0 or self.uvm_algorithm not in UVM_ALGORITHMS:
@@ -251,25 +251,25 @@ class Plan:
     def of(cls, shardings: Mapping[str, str], cache_ratio: float = CACHE_RATIO, lookahead: int = LOOKAHEAD,
            uvm_load_factor: float = UVM_LOAD_FACTOR) -> "Plan":
         """The plan giving each table its sharding in ``shardings`` (the most common one as default)."""
-        counts = {s: list(shardings.values()).count(s) for s in SHARDINGS}
-        default = max(SHARDINGS, key=lambda s: counts[s])
-        return cls(default, cache_ratio, lookahead, {n: s for n, s in shardings.items() if s != default},
-                   uvm_load_factor)  # fmt: skip
+        counts = {sharding: list(shardings.values()).count(sharding) for sharding in SHARDINGS}
+        default = max(SHARDINGS, key=lambda sharding: counts[sharding])
+        exceptions = {name: sharding for name, sharding in shardings.items() if sharding != default}
+        return cls(default, cache_ratio, lookahead, exceptions, uvm_load_factor)
 
     def sharding_of(self, table: str) -> str:
         return self.tables.get(table, self.sharding)
 
-    def groups(self, w: "Workload") -> Dict[str, List[int]]:
-        """Indices of ``w``'s tables by sharding (shardings in ``SHARDINGS`` order)."""
-        unknown = sorted(set(self.tables) - {t.name for t in w.tables})
+    def groups(self, workload: "Workload") -> Dict[str, List[int]]:
+        """Indices of ``workload``'s tables by sharding (shardings in ``SHARDINGS`` order)."""
+        unknown = sorted(set(self.tables) - {table.name for table in workload.tables})
         if unknown:
             raise ValueError(f"the plan names tables the workload lacks: {unknown}")
-        out: Dict[str, List[int]] = {}
-        for s in SHARDINGS:
-            idx = [i for i, t in enumerate(w.tables) if self.sharding_of(t.name) == s]
-            if idx:
-                out[s] = idx
-        return out
+        groups: Dict[str, List[int]] = {}
+        for sharding in SHARDINGS:
+            indices = [i for i, table in enumerate(workload.tables) if self.sharding_of(table.name) == sharding]
+            if indices:
+                groups[sharding] = indices
+        return groups
 
 
 @dataclass
@@ -292,7 +292,7 @@ class StepCost:
 
     def to_json(self) -> Dict[str, object]:
         return {"samples_per_second": self.samples_per_second, "step_ms": 1e3 * self.step_s,
-                "terms_ms": {k: 1e3 * v for k, v in self.terms.items()}, "fits": self.fits,
+                "terms_ms": {term: 1e3 * seconds for term, seconds in self.terms.items()}, "fits": self.fits,
                 "memory_gib_per_device": self.memory_bytes_per_device / 2**30,
                 "host_memory_gib_per_node": self.host_memory_bytes_per_node / 2**30,
                 "background_ms": 1e3 * self.background_s, "details": self.details}  # fmt: skip

@@ -268,7 +268,7 @@ ASSUMPTIONS: Tuple[Assumption, ...] = (
                "assumed 3 ms (rtx3090.json; never measured on a GPU). Low: a lean loop; high: the cpu profile's "
                "fit to the training loop on the development machine (7.9 ms, docs/cost_model.md)"),
     Assumption("framework_id_s", "framework time per id", ("framework_id_s",), "ns", NS, 0.0, 480.0, "set",
-               "assumed 50 ns. Low: none; high: the development machine's stage-1 fit (0.48 us, docs/cost_model.md)"),
+               "assumed 50 ns. Low: none; high: the development machine's stage-2 fit (0.48 us, docs/cost_model.md)"),
     Assumption("host_link", "host link (PCIe)", LINK_FIELDS, "GB/s", GBS, 6.0, 13.0, "scale",
                "12 GB/s: PCIe 3.0 x16 (15.75 GB/s theoretical) of the Xeon Gold 6130; host reads and writes "
                "move with it (the H200's measured rates x link / 55.3). Low: two GPUs behind one x16 switch "

@@ -400,7 +400,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv, ap)
     hw = args.profile
     if args.calibrate:
-        from .calibrate import calibrate
+        from .calibration import calibrate
 
         calibrate(str(args.calibrate), hw, args.calibrate.stem, args.device)
         return 0

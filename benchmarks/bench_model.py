@@ -22,7 +22,7 @@ cores). The sharders of one point run one after the other, ``--repeats`` times i
 The second stage of a calibration: ``--fit-profile OUT`` runs the real training loop on a few
 points of its own (table_wise, criteo-kaggle, batch 256 and 2048, 1, 2 and 4 ranks; none of them
 a validation point) and fits the framework terms of ``--profile`` to them
-(:func:`torchrec_frugal.estimate.calibrate.fit_training`), writing the profile to OUT:
+(:func:`torchrec_frugal.estimate.calibration.training_fit.fit_training`), writing the profile to OUT:
 
     python -m torchrec_frugal.estimate --calibrate my_box.json                      # stage 1: microbenchmarks
     python benchmarks/bench_model.py --fit-profile my_box.json --profile my_box.json  # stage 2: the training loop
@@ -45,7 +45,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
 
-from torchrec_frugal.estimate.calibrate import TrainingRun, fit_rates, fit_training  # noqa: E402
+from torchrec_frugal.estimate.calibration.training_fit import TrainingRun, fit_rates, fit_training  # noqa: E402
 from torchrec_frugal.estimate.cost_model import CostModel, Plan  # noqa: E402
 from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD  # noqa: E402  train.py's defaults
 from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
@@ -203,7 +203,7 @@ def recorded_runs(points: Sequence[Dict[str, Any]], scale: Optional[float]) -> L
 def fit_recorded_stage(args: argparse.Namespace, profile: HardwareProfile) -> int:
     """Refit ``--profile`` on recorded runs, timing nothing: the measured points of ``--repredict``
     and the stage-2 runs the profile holds (``extra.training_fit.points``), with the last-level
-    cache of ``--llc-bytes`` (:func:`torchrec_frugal.estimate.calibrate.fit_rates`). Then the same fit leaving
+    cache of ``--llc-bytes`` (:func:`torchrec_frugal.estimate.calibration.training_fit.fit_rates`). Then the same fit leaving
     out each config in turn, predicting the left-out config's points (how far the fit carries)."""
     llc = args.llc_bytes or profile.llc_bytes
     if not llc:

@@ -2,7 +2,7 @@
 
 The cost model prices the host work beside a Frugal step with three rates: ``exchange_step_s``,
 ``exchange_row_s`` and ``lookahead_row_s`` (docs/cost_model.md, "Frugal's threads"). ``--calibrate``
-measures them with the rest of a machine; this measures only them (``calibrate.measure_engine``:
+measures them with the rest of a machine; this measures only them (``calibration.microbenchmarks.measure_engine``:
 one rank, two batch sizes, L = 0 and 10) and writes them into each named profile, with the CPU and
 the commit they were measured on in the profile's ``extra.host_thread_rates``. A GPU box's host
 runs the same Python and numpy on its own CPU: until one is measured there, its profile carries
@@ -21,7 +21,8 @@ from typing import Any, Dict
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
 
-from torchrec_frugal.estimate.calibrate import fit_exchange, measure_engine  # noqa: E402
+from torchrec_frugal.estimate.calibration.microbenchmarks import measure_engine  # noqa: E402
+from torchrec_frugal.estimate.calibration.profile_fit import fit_exchange  # noqa: E402
 from torchrec_frugal.estimate.measure import git_state  # noqa: E402
 from torchrec_frugal.estimate.profiles import builtin_profiles, load_profile  # noqa: E402
 

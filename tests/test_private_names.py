@@ -4,7 +4,7 @@ A name starting with one underscore belongs to the module that defines it: code 
 through a public hook, so that renaming a private never silently changes a test or a benchmark.
 Private names of third-party code (TorchRec, torch, the standard library) are allowed only where
 listed below with the reason, or, for TorchRec's and torch's, in
-``torchrec_frugal.torchrec.patches.THIRD_PARTY_PRIVATES``, where each is guarded by its source hash,
+``torchrec_frugal.torchrec.patches.third_party_privates.THIRD_PARTY_PRIVATES``, where each is guarded by its source hash,
 a class that still assigns it or the names its module still provides (``tests/torchrec/test_torchrec_patches.py``).
 """
 from __future__ import annotations
@@ -167,8 +167,8 @@ def violations() -> List[str]:
 
 
 def _guarded_privates() -> Set[str]:
-    """Private names of TorchRec and torch the glue relies on, each guarded in patches.py."""
-    from torchrec_frugal.torchrec.patches import THIRD_PARTY_PRIVATES
+    """Private names of TorchRec and torch the glue relies on, each guarded in patches/third_party_privates.py."""
+    from torchrec_frugal.torchrec.patches.third_party_privates import THIRD_PARTY_PRIVATES
 
     return {name.rsplit(".", 1)[-1] for name in THIRD_PARTY_PRIVATES}
 
@@ -220,7 +220,7 @@ def test_the_check_finds_privates_of_third_party_bases(code: str, flagged: bool)
 
 def overridden_third_party_privates() -> List[str]:
     """Private names our classes define that a third-party base class of theirs also has (a method,
-    or an attribute its source assigns), and that patches.THIRD_PARTY_PRIVATES does not guard:
+    or an attribute its source assigns), and that THIRD_PARTY_PRIVATES does not guard:
     overriding them silently depends on how the base class uses them."""
     import importlib
     import inspect

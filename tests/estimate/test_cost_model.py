@@ -8,15 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from torchrec_frugal.estimate.calibrate import (
-    TrainingRun,
-    fit_collective,
-    fit_dense,
-    fit_line,
-    fit_profile,
-    fit_training,
-    thread_efficiency,
-)
+from torchrec_frugal.estimate.calibration.least_squares import fit_line
+from torchrec_frugal.estimate.calibration.profile_fit import fit_collective, fit_dense, fit_profile, thread_efficiency
+from torchrec_frugal.estimate.calibration.training_fit import TrainingRun, fit_training
 from torchrec_frugal.estimate.cost_model import (
     FRUGAL,
     SHARDINGS,

@@ -1,6 +1,6 @@
 """The last-level cache term of the cost model: which share of each table the cache holds, the
 row rates it blends, that profiles without it price as before, and the refit on recorded runs
-(:func:`torchrec_frugal.estimate.calibrate.fit_rates`) recovering known rates."""
+(:func:`torchrec_frugal.estimate.calibration.training_fit.fit_rates`) recovering known rates."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from torchrec_frugal.estimate.calibrate import TrainingRun, fit_rates
+from torchrec_frugal.estimate.calibration.training_fit import TrainingRun, fit_rates
 from torchrec_frugal.estimate.cost_model import CostModel, CostTable, DenseModel, Plan, Primitives, Workload, llc_shares, table_traffic
 from torchrec_frugal.estimate.profiles import ProfileError, builtin_profiles, load_profile, profile_from_dict
 

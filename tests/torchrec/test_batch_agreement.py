@@ -12,7 +12,7 @@ from torchrec_frugal.errors import FrugalError
 from torchrec_frugal.host import shm
 from torchrec_frugal.host.launch import run_ranks
 from torchrec_frugal.torchrec.train_pipeline.batch_agreement import BatchAgreement, batch_agreement
-from torchrec_frugal.torchrec.train_pipeline.node_agreement import NodeBatchAgreement
+from torchrec_frugal.host.node_agreement import NodeBatchAgreement
 
 # batch index -> the ranks that refuse it
 REFUSALS: Dict[int, List[int]] = {0: [], 1: [1], 2: [0, 1], 3: [], 4: [0], 5: [], 6: [1], 7: [2], 8: [0, 2]}

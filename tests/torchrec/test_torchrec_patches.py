@@ -1,9 +1,9 @@
 """The planner shims of torchrec_frugal.torchrec.patches, and the TorchRec and torch privates
-the glue relies on (patches.THIRD_PARTY_PRIVATES).
+the glue relies on (patches.third_party_privates.THIRD_PARTY_PRIVATES).
 
 Each shim must still wrap the TorchRec function it was written against in the installed TorchRec
 release (the tests below fail when TorchRec changes one, or when the release is not supported:
-review the shim, then record the hash in patches.RELEASES), answer for the "frugal" type, and
+review the shim, then record the hash in patches.releases.RELEASES), answer for the "frugal" type, and
 hand every other sharding type to TorchRec unchanged. Each private must still be there, and a
 private function still have the source recorded for the release.
 """
@@ -25,69 +25,71 @@ from torchrec.distributed.planner.types import PartitionByType
 from torchrec.distributed.planner.utils import build_sharder_data
 
 from torchrec_frugal.torchrec import FrugalEmbeddingBagCollectionSharder, patches
+from torchrec_frugal.torchrec.patches import perf_evaluator, planner_shims, releases, third_party_privates
+from torchrec_frugal.torchrec.patches.patch import Patch, sha256_key, source_sha256
 from torchrec_frugal.torchrec.checkpoint import row_blocks
 from torchrec_frugal.torchrec.types import FRUGAL
 
 STOCK = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard"]
 
 
-def _patch(module: Any, name: str) -> patches.Patch:
-    return next(p for p in patches.PATCHES if p.module is module and p.name == name)
+def _patch(module: Any, name: str) -> Patch:
+    return next(p for p in planner_shims.PATCHES if p.module is module and p.name == name)
 
 
 def test_installed_torchrec_is_a_supported_release() -> None:
-    assert patches.release_of(patches.TORCHREC_VERSION) in patches.RELEASES, (
-        f"TorchRec {patches.TORCHREC_VERSION} is not among the supported releases {sorted(patches.RELEASES)}: "
-        "check each shim against its sources, then add the release to patches.RELEASES"
+    assert releases.release_of(releases.TORCHREC_VERSION) in releases.RELEASES, (
+        f"TorchRec {releases.TORCHREC_VERSION} is not among the supported releases {sorted(releases.RELEASES)}: "
+        "check each shim against its sources, then add the release to releases.RELEASES"
     )
 
 
-@pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: p.key)
-def test_wrapped_torchrec_function_is_unchanged(patch: patches.Patch) -> None:
-    assert patches.source_sha256(patches.original(patch)) == patches.RELEASE.sha256[patch.key], (
-        f"TorchRec {patches.TORCHREC_VERSION} changed {patch.module.__name__}.{patch.name}: review the shim "
-        "in torchrec_frugal/torchrec/patches.py, then record the new hash in patches.RELEASES"
+@pytest.mark.parametrize("patch", planner_shims.PATCHES, ids=lambda p: p.key)
+def test_wrapped_torchrec_function_is_unchanged(patch: Patch) -> None:
+    assert source_sha256(patches.original(patch)) == releases.RELEASE.sha256[patch.key], (
+        f"TorchRec {releases.TORCHREC_VERSION} changed {patch.module.__name__}.{patch.name}: review the shim "
+        "in torchrec_frugal/torchrec/patches/planner_shims.py, then record the new hash in releases.RELEASES"
     )
 
 
-@pytest.mark.parametrize("module,name", patches.RELIED_ON, ids=lambda x: getattr(x, "__name__", str(x))[:40])
+@pytest.mark.parametrize("module,name", planner_shims.RELIED_ON, ids=lambda x: getattr(x, "__name__", str(x))[:40])
 def test_torchrec_function_relied_on_is_unchanged(module: Any, name: str) -> None:
-    assert patches.source_sha256(getattr(module, name)) == patches.RELEASE.sha256[patches.sha256_key(module, name)], (
-        f"TorchRec {patches.TORCHREC_VERSION} changed {module.__name__}.{name}"
+    assert source_sha256(getattr(module, name)) == releases.RELEASE.sha256[sha256_key(module, name)], (
+        f"TorchRec {releases.TORCHREC_VERSION} changed {module.__name__}.{name}"
     )
 
 
-@pytest.mark.parametrize("release", sorted(patches.RELEASES))
+@pytest.mark.parametrize("release", sorted(releases.RELEASES))
 def test_every_release_records_every_wrapped_function(release: str) -> None:
-    keys = {p.key for p in patches.PATCHES} | {patches.sha256_key(m, n) for m, n in patches.RELIED_ON}
-    assert set(patches.RELEASES[release].sha256) == keys
+    keys = {p.key for p in planner_shims.PATCHES} | {sha256_key(m, n) for m, n in planner_shims.RELIED_ON}
+    assert set(releases.RELEASES[release].sha256) == keys
 
 
 @pytest.mark.parametrize(
     "version,release", [("1.6.1", "1.6"), ("1.8.0", "1.8"), ("1.9.2", "1.9"), ("1.9.0.dev20250101+cpu", "1.9")]
 )
 def test_supported_versions_get_their_release_s_shims_silently(version: str, release: str) -> None:
-    assert patches.select_release(version) == release
+    assert releases.select_release(version) == release
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        patches.warn_if_unsupported(version)
+        releases.warn_if_unsupported(version)
 
 
 @pytest.mark.parametrize("version", ["1.7.0", "1.10.0", "2.0.0a0", "unknown"])
 def test_an_unsupported_torchrec_warns_and_gets_the_newest_shims(version: str) -> None:
-    assert patches.select_release(version) == "1.9"
-    with pytest.warns(patches.UnsupportedTorchRecWarning, match=rf"TorchRec 1\.6, 1\.8, 1\.9; TorchRec {version} is"):
-        patches.warn_if_unsupported(version)
+    assert releases.select_release(version) == "1.9"
+    with pytest.warns(releases.UnsupportedTorchRecWarning, match=rf"TorchRec 1\.6, 1\.8, 1\.9; TorchRec {version} is"):
+        releases.warn_if_unsupported(version)
 
 
 def test_apply_installs_each_shim_once() -> None:
     patches.apply()
-    installed = {(p.module.__name__, p.name): getattr(p.module, p.name) for p in patches.PATCHES}
+    installed = {(p.module.__name__, p.name): getattr(p.module, p.name) for p in planner_shims.PATCHES}
     patches.apply()
-    for p in patches.PATCHES:
+    for p in planner_shims.PATCHES:
         assert getattr(p.module, p.name) is installed[(p.module.__name__, p.name)]
         assert getattr(p.module, p.name) is not patches.original(p)
-    assert isinstance(perf_estimator.get_embedding_perf_sharding_evaluator(FRUGAL), patches.FrugalPerfEvaluator)
+    assert isinstance(perf_estimator.get_embedding_perf_sharding_evaluator(FRUGAL), perf_evaluator.FrugalPerfEvaluator)
 
 
 def test_shard_sizes_frugal_are_row_blocks() -> None:
@@ -147,7 +149,7 @@ def test_io_sizes_of_frugal_are_data_parallel_ones() -> None:
 
 def _sharder_arg(sharder: FrugalEmbeddingBagCollectionSharder) -> Dict[str, Any]:
     """calculate_shard_storages takes the sharder itself before TorchRec 1.7, its SharderData since."""
-    arg = patches.RELEASE.storage_sharder_arg
+    arg = releases.RELEASE.storage_sharder_arg
     return {arg: sharder if arg == "sharder" else build_sharder_data(sharder)}
 
 
@@ -223,25 +225,25 @@ def _assigns(cls: type, attr: str) -> bool:
     )
 
 
-def _private_problem(p: patches.Private, release: patches.Release) -> Optional[str]:
+def _private_problem(p: third_party_privates.Private, release: releases.Release) -> Optional[str]:
     """What no longer holds of a private the glue relies on (None: it still holds)."""
     name = p.path.rsplit(".", 1)[-1]
     try:
-        if p.guard == patches.HASHED:
+        if p.guard == third_party_privates.HASHED:
             fn = _resolve(p.hashed)
             if name not in inspect.getsource(fn):
                 return f"{p.hashed} no longer names {name}"
-            if patches.source_sha256(fn) != release.privates.get(p.hashed):
+            if source_sha256(fn) != release.privates.get(p.hashed):
                 return f"the source of {p.hashed} changed"
-        elif p.guard == patches.ASSIGNED:
+        elif p.guard == third_party_privates.ASSIGNED:
             owner = _resolve(p.path.rsplit(".", 1)[0])
             if not any(_assigns(c, name) for c in owner.__mro__):
                 return f"no class of {owner.__name__}'s MRO assigns self.{name}"
-        elif p.guard == patches.MODULE:
+        elif p.guard == third_party_privates.MODULE:
             for n in p.names:
                 _resolve(f"{p.path}.{n}")
-        elif p.guard == patches.SHIMMED:
-            if not any(f"torchrec.distributed.planner.{s.key}" == p.path for s in patches.PATCHES):
+        elif p.guard == third_party_privates.SHIMMED:
+            if not any(f"torchrec.distributed.planner.{s.key}" == p.path for s in planner_shims.PATCHES):
                 return "no shim wraps it"
         else:
             return f"unknown guard {p.guard!r}"
@@ -250,31 +252,31 @@ def _private_problem(p: patches.Private, release: patches.Release) -> Optional[s
     return None
 
 
-@pytest.mark.parametrize("private", patches.THIRD_PARTY_PRIVATES.values(), ids=lambda p: ".".join(p.path.split(".")[-2:]))
-def test_private_relied_on_is_unchanged(private: patches.Private) -> None:
-    problem = _private_problem(private, patches.RELEASE)
+@pytest.mark.parametrize("private", third_party_privates.THIRD_PARTY_PRIVATES.values(), ids=lambda p: ".".join(p.path.split(".")[-2:]))
+def test_private_relied_on_is_unchanged(private: third_party_privates.Private) -> None:
+    problem = _private_problem(private, releases.RELEASE)
     assert problem is None, (
-        f"TorchRec {patches.TORCHREC_VERSION} (torch {torch.__version__}): {private.path}, which the glue relies on "
-        f"({private.used_by}): {problem}. Review that use, then record the release in patches.RELEASES"
+        f"TorchRec {releases.TORCHREC_VERSION} (torch {torch.__version__}): {private.path}, which the glue relies on "
+        f"({private.used_by}): {problem}. Review that use, then record the release in releases.RELEASES"
     )
 
 
-@pytest.mark.parametrize("release", sorted(patches.RELEASES))
+@pytest.mark.parametrize("release", sorted(releases.RELEASES))
 def test_every_release_records_every_hashed_private(release: str) -> None:
-    hashed = {p.hashed for p in patches.THIRD_PARTY_PRIVATES.values() if p.guard == patches.HASHED}
-    assert set(patches.RELEASES[release].privates) == hashed
+    hashed = {p.hashed for p in third_party_privates.THIRD_PARTY_PRIVATES.values() if p.guard == third_party_privates.HASHED}
+    assert set(releases.RELEASES[release].privates) == hashed
 
 
 @pytest.mark.parametrize(
     "private",
     [
-        patches.Private("torch.nn.Module._no_such_function", patches.HASHED, "nothing"),
-        patches.Private("torch.nn.Module.state_dict", patches.HASHED, "a source hash not recorded"),
-        patches.Private("torch.nn.Module._no_such_attribute", patches.ASSIGNED, "nothing"),
-        patches.Private("torch.distributed._shard", patches.MODULE, "nothing", names=("sharded_tensor.NoSuchName",)),
-        patches.Private("torchrec.distributed.planner.stats._no_such_shim", patches.SHIMMED, "nothing"),
+        third_party_privates.Private("torch.nn.Module._no_such_function", third_party_privates.HASHED, "nothing"),
+        third_party_privates.Private("torch.nn.Module.state_dict", third_party_privates.HASHED, "a source hash not recorded"),
+        third_party_privates.Private("torch.nn.Module._no_such_attribute", third_party_privates.ASSIGNED, "nothing"),
+        third_party_privates.Private("torch.distributed._shard", third_party_privates.MODULE, "nothing", names=("sharded_tensor.NoSuchName",)),
+        third_party_privates.Private("torchrec.distributed.planner.stats._no_such_shim", third_party_privates.SHIMMED, "nothing"),
     ],
     ids=lambda p: p.guard,
 )
-def test_the_private_guard_fails_when_a_private_changes(private: patches.Private) -> None:
-    assert _private_problem(private, patches.RELEASE) is not None
+def test_the_private_guard_fails_when_a_private_changes(private: third_party_privates.Private) -> None:
+    assert _private_problem(private, releases.RELEASE) is not None

@@ -277,7 +277,7 @@ def test_torchrec_prices_a_frugal_shard_with_the_cost_model() -> None:
     128-byte line in device memory and in host writes), TorchRec's bandwidths per millisecond."""
     from torchrec.distributed.planner.estimator.types import HardwarePerfConfig, ShardPerfContext
 
-    from torchrec_frugal.torchrec.patches import FrugalPerfEvaluator
+    from torchrec_frugal.torchrec.patches.perf_evaluator import FrugalPerfEvaluator
 
     N, W, n, dev, link = 1000, 2, 64, 1000.0, 10.0
     ctx = ShardPerfContext(sharding_type="frugal", compute_kernel="fused", hash_size=N // W, emb_dim=16,

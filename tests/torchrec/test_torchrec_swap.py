@@ -46,6 +46,7 @@ from torchrec_frugal.torchrec import (
     consumer_pcie_topology,
     patches,
 )
+from torchrec_frugal.torchrec.patches import planner_shims
 
 ROWS = [1000, 3000, 20000, 200000]
 DIM = 16
@@ -97,7 +98,7 @@ def test_without_the_rule_torchrec_s_estimates_would_leave_tables_stock() -> Non
     """What the enumerator shim changes: TorchRec's own choice among the offered types is not frugal."""
     sharder = FrugalEmbeddingBagCollectionSharder(fused_params=ADAGRAD)
     shim = EmbeddingEnumerator.enumerate
-    EmbeddingEnumerator.enumerate = patches.original(next(p for p in patches.PATCHES if p.name == "enumerate"))
+    EmbeddingEnumerator.enumerate = patches.original(next(p for p in planner_shims.PATCHES if p.name == "enumerate"))
     try:
         plan = EmbeddingShardingPlanner(topology=CUDA_4, batch_size=BATCH).plan(dlrm(), [sharder])
     finally:

@@ -401,7 +401,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv, ap)
     profile = args.profile
     if args.calibrate:
-        from .calibrate import calibrate
+        from .calibration import calibrate
 
         calibrate(str(args.calibrate), profile, args.calibrate.stem, args.device)
         return 0

@@ -22,7 +22,7 @@ def frugal_table_terms(
     """One frugal table's seconds on one rank of an engine of ``world`` ranks, by :data:`TABLE_TERMS`
     (each term's parts in the order they add up). The one price of a frugal table: the cost model
     sums it over a plan's frugal tables, TorchRec's perf model takes it for a frugal shard
-    (``torchrec.patches.FrugalPerfEvaluator``).
+    (``torchrec.patches.perf_evaluator.FrugalPerfEvaluator``).
 
     Device lookups of the rank's cached rows, host reads of its other distinct rows, the owner's
     update of its rows (on an accelerator, uncached ones first brought into dynamic slots),

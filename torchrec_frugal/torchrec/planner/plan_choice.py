@@ -12,7 +12,7 @@ shardings, each move priced by the mixed plan's predicted step), constrains ever
 its choice, and lets TorchRec's planner place the shards and check memory as usual: TorchRec's
 proposers then see one sharding type per free table, and its perf model prices a frugal shard
 with the same per-table function (``cost_model.frugal_table_terms``, via
-``patches.FrugalPerfEvaluator``).
+``patches.perf_evaluator.FrugalPerfEvaluator``).
 
 The workload handed to the cost model comes from the module and the planner's inputs: the
 tables of the sharded modules (rows, dim; ids per sample from the constraints' pooling factors,

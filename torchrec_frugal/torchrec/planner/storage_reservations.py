@@ -23,7 +23,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, ShardingOpt
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import CacheParams, ModuleSharder, get_tensor_size_bytes
 
-from ..patches import frugal_row_bytes
+from ..patches.planner_shims import frugal_row_bytes
 from ..types import FRUGAL, FRUGAL_ROW_WISE, FRUGAL_TYPES
 
 logger: logging.Logger = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ batch i of its stream, tells the others whether it could, and every rank drops b
 rank could not: the streams stay aligned, and the run goes on as if the batch had never been read.
 
 Where every rank runs on one machine the verdicts travel through named pipes
-(:class:`~.node_agreement.NodeBatchAgreement`); across machines over a gloo group of their own
-(:class:`BatchAgreement`): the planner's thread sends them while the training thread runs the
-model's collectives, and a group may not interleave two threads' calls. They are control traffic,
+(:class:`~torchrec_frugal.host.node_agreement.NodeBatchAgreement`); across machines over a gloo
+group of their own (:class:`BatchAgreement`): the planner's thread sends them while the training
+thread runs the model's collectives, and a group may not interleave two threads' calls. They are control traffic,
 4 bytes per rank and batch: :func:`is_agreement_group` tells a counter of the embedding
 collectives' bytes to leave them out.
 """
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import FrugalError, FrugalInputError
-from .node_agreement import NodeBatchAgreement, one_machine
+from ...host.node_agreement import NodeBatchAgreement, one_machine
 
 Agree = Callable[[int, bool], List[int]]
 """Given a batch's index and whether this rank refused it, the ranks that refused it (a collective)."""

@@ -25,9 +25,9 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from ...errors import FrugalError
-from ...host import shm
-from ...host.local_group import LocalGroup
+from ..errors import FrugalError
+from . import shm
+from .local_group import LocalGroup
 
 _MSG = struct.Struct("<qii")  # batch index, sender rank, refused: 16 bytes, written whole (PIPE_BUF)
 

@@ -51,9 +51,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from thread_cpu import cpu_s, thread_kind
-
 ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
+
+from benchmarks.thread_cpu import cpu_s, thread_kind  # noqa: E402
+
 LAYOUTS = ("cpu", "accelerator")
 
 # (module, class, method, label): the calls --calls times, each by its own CPU (callees wrapped

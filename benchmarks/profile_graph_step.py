@@ -34,7 +34,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.append(REPO)  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(REPO)
 
 
 def _used_bytes() -> int:

@@ -51,10 +51,12 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from examples.demo import TrainRunError, find_train_script, run_train  # noqa: E402
-from torchrec_frugal.estimate.measure import git_state, machine_busy_s, median_or_nan  # noqa: E402
+from benchmarks.measure import git_state, median_or_nan  # noqa: E402
+from torchrec_frugal.estimate.measure import machine_busy_s  # noqa: E402
 
 MAIN_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 STOCK = ("table_wise", "row_wise")

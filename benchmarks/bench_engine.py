@@ -57,12 +57,15 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
-from thread_cpu import ROLES, ThreadClock  # noqa: E402
+from benchmarks.thread_cpu import ROLES, ThreadClock  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.host.launch import run_ranks  # noqa: E402
-from torchrec_frugal.estimate.measure import git_state, machine_busy_s, own_cpu_s  # noqa: E402
+from benchmarks.measure import git_state, own_cpu_s  # noqa: E402
+from torchrec_frugal.estimate.measure import machine_busy_s  # noqa: E402
 
 MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
 
@@ -455,7 +458,7 @@ def main() -> None:
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "table_rows": table_rows,
             "unique_rows_per_rank_step": results[0]["unique_rows_per_step"],
-            "engine_commit": git_state(Path(__file__).resolve().parents[1]),
+            "engine_commit": git_state(ROOT),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                         "torch": torch.__version__, "numpy": np.__version__},
             "wall_s": elapsed,

@@ -53,7 +53,9 @@ from typing import Any, Dict, Iterable, List, Sequence
 import numpy as np
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from torchrec_frugal.host import shm  # noqa: E402
 from torchrec_frugal.config import FrugalConfig, OptimizerSpec, TableSpec  # noqa: E402
@@ -262,7 +264,7 @@ def bench_dlrm(runs: str, scale: float, steps: int) -> List[Dict[str, Any]]:
     """The DLRM example on this GPU, one run per ``RANKSxBATCHxL`` entry, in the order given."""
     from examples.demo import find_train_script, run_train
 
-    train_py = find_train_script(str(Path(__file__).resolve().parents[1] / "examples" / "dlrm" / "train.py"))
+    train_py = find_train_script(str(ROOT / "examples" / "dlrm" / "train.py"))
     out = []
     for spec in runs.split(","):
         nproc, batch, lookahead = (int(x) for x in spec.split("x"))

@@ -74,10 +74,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from examples.demo import TrainRunError, run_train  # noqa: E402
-from torchrec_frugal.estimate.measure import median_or_nan  # noqa: E402
+from benchmarks.measure import median_or_nan  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "graph" / "train.py"
 SPEED_VARIANTS = ("frugal", "frugal_cached", "table_wise", "row_wise", "column_wise", "alone", "pbg")

@@ -43,7 +43,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from torchrec_frugal.estimate.calibration.training_fit import TrainingRun, fit_rates, fit_training  # noqa: E402
 from torchrec_frugal.estimate.cost_model import CostModel, Plan  # noqa: E402

@@ -36,13 +36,14 @@ from typing import Any, Dict, List, Optional, Sequence
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from examples.demo import run_plan, run_train_nodes  # noqa: E402
 from torchrec_frugal.estimate.cost_model import CostModel  # noqa: E402
 from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
 from torchrec_frugal.estimate.profiles import HardwareProfile, load_profile  # noqa: E402
-from torchrec_frugal.estimate.measure import git_state, median_or_nan  # noqa: E402
+from benchmarks.measure import git_state, median_or_nan  # noqa: E402
 
 
 SHARDINGS = {

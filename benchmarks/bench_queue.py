@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from torchrec_frugal.priorities import INF, QUEUE_KINDS  # noqa: E402
 from torchrec_frugal.engine.flush.priority_queue import make_queue  # noqa: E402

@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from examples.checkpointing import KILL_ENV  # noqa: E402
 from torchrec_frugal.host.shm import list_segments  # noqa: E402
 from torchrec_frugal.host.launch import leaked_segments  # noqa: E402
-from torchrec_frugal.estimate.measure import children_cpu_s, machine_busy_s, median_or_nan  # noqa: E402
+from benchmarks.measure import median_or_nan  # noqa: E402
+from torchrec_frugal.estimate.measure import children_cpu_s, machine_busy_s  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "dlrm" / "train.py"
 _UNIX_TIME = re.compile(r"at unix time ([0-9.]+)")

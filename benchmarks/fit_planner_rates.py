@@ -15,7 +15,9 @@ from typing import List, Mapping, Tuple
 
 import numpy as np
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from torchrec_frugal.datasets import get_config  # noqa: E402
 from torchrec_frugal.estimate.calibration.planner_fit import fit_planner  # noqa: E402

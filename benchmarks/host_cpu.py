@@ -51,9 +51,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from thread_cpu import cpu_s, thread_kind
-
 ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
+
+from benchmarks.thread_cpu import cpu_s, thread_kind  # noqa: E402
+
 LAYOUTS = ("cpu", "accelerator")
 
 # (module, class, method, label): the calls --calls times, each by its own CPU (callees wrapped
@@ -84,11 +87,14 @@ CALLS: Tuple[Tuple[str, str, str, str], ...] = (
     ("engine.gradient_exchange", "GradientExchange", "stage", "exchange: stage to the mailbox"),
     ("engine.gradient_exchange", "GradientExchange", "sum_owned", "exchange: sum over ranks"),
     ("engine.owner_update", "OwnerUpdate", "apply", "owner update"),
-    ("engine.flush.flusher", "Flusher", "_flush", "flush"),
+    ("engine.flush.flusher", "Flusher", "flush_once", "flush"),
     ("engine.flush.flusher", "Flusher", "publish_progress", "flush: publish progress"),
     ("engine.flush.flusher", "Flusher", "take_counts", "metrics: flush counts"),
     ("host.control_record", "Control", "wait", "waits on counters (polling)"),
 )
+# Idle tasks of the engine's workers timed as a call, by the kind of the worker's thread: a flusher
+# thread flushes in its idle task, which it takes through Worker's public ``idle`` argument.
+IDLE_TASKS: Dict[str, str] = {"flusher": "flush"}
 
 
 class CallClock:
@@ -130,6 +136,20 @@ class CallClock:
                 continue
             if method in vars(cls):
                 setattr(cls, method, self.wrap(vars(cls)[method], label))
+        try:
+            from torchrec_frugal.worker import Worker
+        except ImportError:
+            return
+        init, clock = Worker.__init__, self
+
+        @functools.wraps(init)
+        def worker_init(worker: Any, name: str, *args: Any, **kwargs: Any) -> None:
+            label = IDLE_TASKS.get(thread_kind(name))
+            if label is not None and kwargs.get("idle") is not None:
+                kwargs["idle"] = clock.wrap(kwargs["idle"], label)
+            init(worker, name, *args, **kwargs)
+
+        Worker.__init__ = worker_init  # type: ignore[method-assign]
 
     def take(self) -> Dict[str, Tuple[float, int]]:
         with self._lock:

@@ -44,7 +44,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from torchrec_frugal.estimate.cost_model import (  # noqa: E402
     LOOKAHEAD_CHOICES,

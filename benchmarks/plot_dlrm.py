@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-import matplotlib
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench_dlrm import is_default_frugal  # noqa: E402  (this script's folder is first on sys.path)
+from benchmarks.bench_dlrm import is_default_frugal  # noqa: E402
 
 COLORS = {"frugal": "tab:green", "torchrec": "tab:blue", "alone": "tab:gray"}
 

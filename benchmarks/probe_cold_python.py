@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, DefaultDict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # this checkout (appended: an installed torchrec_frugal wins)
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 

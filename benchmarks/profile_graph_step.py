@@ -34,7 +34,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -63,15 +65,21 @@ def thread_cpu_ns() -> Dict[str, float]:
 
 
 def split_parts() -> List[Tuple[Any, str, str]]:
-    """(owner, attribute, label) of the training thread's parts that ``--cpu-split`` times."""
+    """(owner, public method, label) of the training thread's parts that ``--cpu-split`` times.
+
+    Only public methods: TorchRec's pipeline reads each batch through ``enqueue_batch`` (Frugal's
+    read-ahead inside it) and runs the step's forward through the model's ``forward`` (Frugal's
+    plans handed to its modules around it)."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
     from examples.graph import sampler
     from torchrec_frugal.torchrec import embedding_lookup
-    from torchrec_frugal.torchrec.train_pipeline import train_pipelines
 
     return [
-        (train_pipelines.FrugalTrainPipeline, "_next_read_batch", "reading a batch (the sampler's included)"),
+        (TrainPipelineSparseDist, "enqueue_batch", "reading a batch (the sampler's included)"),
         (sampler.ChunkedNegativeSampler, "rank_batch", "making a batch (the sampler)"),
-        (train_pipelines.FrugalTrainPipeline, "_planned_forward", "forward (the model's, with TorchRec's and Frugal's)"),
+        (DistributedModelParallel, "forward", "forward (the model's, with TorchRec's and Frugal's)"),
         (embedding_lookup.FrugalEmbeddingLookup, "forward", "Frugal's lookup (gate, gathers)"),
         (torch.Tensor, "backward", "backward (the model's, the lookup's hand-over)"),
     ]
@@ -89,10 +97,10 @@ class CpuSplit:
             setattr(owner, name, self._timed(getattr(owner, name), label))
 
     def _timed(self, fn: Any, label: str) -> Any:
-        split = self
+        split, training_thread = self, self._thread
 
         def timed(this: Any, *args: Any, **kwargs: Any) -> Any:  # a method: TorchRec checks ``self`` is named
-            if not split.on or threading.get_ident() != split._thread:
+            if not split.on or threading.get_ident() != training_thread:
                 return fn(this, *args, **kwargs)
             t0 = time.thread_time_ns()
             try:

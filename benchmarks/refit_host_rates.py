@@ -19,14 +19,16 @@ import sys
 from pathlib import Path
 from typing import Any, Dict
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout (appended: an installed torchrec_frugal wins)
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 from torchrec_frugal.estimate.calibration.microbenchmarks import measure_engine  # noqa: E402
 from torchrec_frugal.estimate.calibration.profile_fit import fit_exchange  # noqa: E402
-from torchrec_frugal.estimate.measure import git_state  # noqa: E402
+from benchmarks.measure import git_state  # noqa: E402
 from torchrec_frugal.estimate.profiles import builtin_profiles, load_profile  # noqa: E402
 
-PROFILES = Path(__file__).resolve().parents[1] / "torchrec_frugal" / "estimate" / "profiles"
+PROFILES = ROOT / "torchrec_frugal" / "estimate" / "profiles"
 
 
 def cpu_model() -> str:
@@ -54,7 +56,7 @@ def main() -> None:
     source: Dict[str, Any] = {
         "cpu": cpu_model(),
         "cores": __import__("os").cpu_count(),
-        "commit": git_state(Path(__file__).resolve().parents[1]),
+        "commit": git_state(ROOT),
         "command": "python benchmarks/refit_host_rates.py --profiles " + " ".join(args.profiles),
         "fits": fits,
     }

@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and `torchrec_frugal` where no installed one wins
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402

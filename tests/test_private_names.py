@@ -2,6 +2,7 @@
 
 A name starting with one underscore belongs to the module that defines it: code elsewhere goes
 through a public hook, so that renaming a private never silently changes a test or a benchmark.
+A private method of the package named by a string outside it (a table of methods to wrap) counts too.
 Private names of third-party code (TorchRec, torch, the standard library) are allowed only where
 listed below with the reason, or, for TorchRec's and torch's, in
 ``torchrec_frugal.torchrec.patches.third_party_privates.THIRD_PARTY_PRIVATES``, where each is guarded by its source hash,
@@ -142,9 +143,30 @@ def _self_accesses(tree: ast.AST) -> Iterator[Tuple[str, int, str, str]]:
                     yield node.name, sub.lineno, ast.unparse(sub), sub.attr
 
 
+def _private_methods(tree: ast.AST) -> Set[str]:
+    """Private methods of the classes a module defines."""
+    return {
+        f.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        for f in node.body
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_private(f.name)
+    }
+
+
+def _named_by_string(tree: ast.AST, methods: Set[str]) -> Iterator[Tuple[int, str]]:
+    """(line, name) of each string that is exactly one of ``methods``: a method reached by a name
+    kept as data (a table of methods to wrap, say), which :func:`_by_string` cannot see."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in methods:
+            yield node.lineno, node.value
+
+
 def violations() -> List[str]:
     parsed = {p: ast.parse(p.read_text(), str(p)) for p in _sources()}
     ours: Set[str] = set().union(*(_defined(t) for t in parsed.values()))
+    package = ROOT / "torchrec_frugal"
+    methods: Set[str] = set().union(*(_private_methods(t) for p, t in parsed.items() if package in p.parents))
     guarded = _guarded_privates()
     classes = _class_privates(iter(parsed.values()))
     out = []
@@ -163,6 +185,9 @@ def violations() -> List[str]:
                 continue  # a listed third-party private (a shimmed TorchRec function may share its name)
             where = "another module's private" if name in ours else "an unlisted third-party private"
             out.append(f"{path.relative_to(ROOT)}:{line}: {expr} ({where})")
+        if package not in path.parents:
+            for line, name in _named_by_string(tree, methods - own - guarded):
+                out.append(f"{path.relative_to(ROOT)}:{line}: {name!r} (a private method of the package, named by string)")
     return out
 
 
@@ -216,6 +241,14 @@ def test_the_check_finds_privates_of_third_party_bases(code: str, flagged: bool)
     classes = _class_privates(iter([tree]))
     found = [n for cls, _, _, n in _self_accesses(tree) if n not in _inherited(cls, classes)]
     assert bool(found) == flagged, (code, found)
+
+
+def test_the_check_finds_private_methods_named_by_string() -> None:
+    """A method named in a table (to wrap it, say) is a reach-in as much as ``x._method`` is."""
+    tree = ast.parse('class C:\n    def _work(self): ...\n')
+    assert _private_methods(tree) == {"_work"}
+    table = ast.parse('CALLS = (("m", "C", "_work", "label"), ("m", "C", "work", "label"))')
+    assert [n for _, n in _named_by_string(table, {"_work"})] == ["_work"]
 
 
 def overridden_third_party_privates() -> List[str]:

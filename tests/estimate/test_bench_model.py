@@ -12,9 +12,7 @@ from torchrec_frugal.datasets import DATASETS
 from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload
 from torchrec_frugal.estimate.profiles import load_profile
 
-from benchmark_modules import load_benchmark
-
-bench = load_benchmark("bench_model")
+from benchmarks import bench_model as bench
 
 AVAZU_TABLES = DATASETS["avazu"].table_names()
 

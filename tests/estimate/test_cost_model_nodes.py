@@ -175,9 +175,7 @@ def test_bench_nodes_predicts_its_recorded_runs(tmp_path, result):
     sharding (the planned run's as the plan it recorded), samples/s within 30% (docs/nodes.md: the
     same runs measured 7-15% apart on two days, the model within -6.4..+27.2%), and the table and
     its markdown carry prediction and error."""
-    from benchmark_modules import load_benchmark
-
-    bench = load_benchmark("bench_nodes")
+    from benchmarks import bench_nodes as bench
     copy = tmp_path / result
     copy.write_text((RESULTS / result).read_text())
     assert bench.main(["--repredict", str(copy), "--profile", "cpu"]) == 0

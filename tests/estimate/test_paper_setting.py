@@ -15,12 +15,9 @@ from torchrec_frugal.datasets import BATCH_SIZES, CACHE_RATIOS
 from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload
 from torchrec_frugal.estimate.profiles import load_profile
 
-from benchmark_modules import load_benchmark
+from benchmarks import paper_setting as ps
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-ps = load_benchmark("paper_setting")
 RTX, A30 = load_profile("rtx3090"), load_profile("a30")
 
 

@@ -11,12 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmark_modules import load_benchmark
+from benchmarks import bench_dlrm as bench
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-bench = load_benchmark("bench_dlrm")
 TRAIN = ROOT / "examples" / "dlrm" / "train.py"
 
 

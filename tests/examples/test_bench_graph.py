@@ -6,9 +6,7 @@ from typing import Dict, List
 
 import pytest
 
-from benchmark_modules import load_benchmark
-
-bench = load_benchmark("bench_graph")
+from benchmarks import bench_graph as bench
 
 
 def _runs(reps: List[Dict[str, float]]) -> List[dict]:

@@ -4,11 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from benchmark_modules import load_benchmark
+from benchmarks import loss_agreement as la
 
 
 def test_agreement_finds_the_first_step_apart_and_the_largest_difference() -> None:
-    la = load_benchmark("loss_agreement")
     a = np.array([0.7, 0.6, 0.5, 0.4])
     assert la.agreement(a, a.copy(), 1e-5) == {"first_step_over_tol": None, "max_abs": 0.0, "max_rel": 0.0, "max_rel_step": 0}
     b = a + np.array([0.0, 1e-6, 3e-5, 2e-3])

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmark_modules import load_benchmark
-
-profile = load_benchmark("profile_graph_step")
+from benchmarks import profile_graph_step as profile
 
 
 def points(open_s: float, handed: float, start: float, staged: float, updated: float, steps: int = 3) -> dict:

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmark_modules import load_benchmark
-
 REPO = Path(__file__).resolve().parents[2]
 FACTS = {"gpu": "GPU-X", "driver": "1.0", "cuda_runtime": "13.0", "torch": "2.x", "python": "3.12", "date": "D"}
 
 
 def _bench():
-    return load_benchmark("bench_gpu")
+    from benchmarks import bench_gpu
+
+    return bench_gpu
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -56,7 +56,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and 
 
 from examples.demo import TrainRunError, find_train_script, run_train  # noqa: E402
 from benchmarks.measure import git_state, median_or_nan  # noqa: E402
-from torchrec_frugal.estimate.measure import machine_busy_s  # noqa: E402
+from torchrec_frugal.estimate.timing import machine_busy_s  # noqa: E402
 
 MAIN_VARIANTS = ("frugal", "table_wise", "row_wise", "alone")
 STOCK = ("table_wise", "row_wise")

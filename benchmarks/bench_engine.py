@@ -65,7 +65,7 @@ from benchmarks.thread_cpu import ROLES, ThreadClock  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.host.launch import run_ranks  # noqa: E402
 from benchmarks.measure import git_state, own_cpu_s  # noqa: E402
-from torchrec_frugal.estimate.measure import machine_busy_s  # noqa: E402
+from torchrec_frugal.estimate.timing import machine_busy_s  # noqa: E402
 
 MODES = ("frugal", "heap", "write_through", "no_flush", "no_flush_sync")
 

@@ -65,7 +65,7 @@ from torchrec_frugal.engine.streams import Streams  # noqa: E402
 from torchrec_frugal.engine.frugal_engine import FrugalEngine  # noqa: E402
 from torchrec_frugal.metrics import PHASES  # noqa: E402
 from torchrec_frugal.host.launch import run_ranks  # noqa: E402
-from torchrec_frugal.estimate.measure import median_s  # noqa: E402
+from torchrec_frugal.estimate.timing import median_s  # noqa: E402
 from torchrec_frugal.synthetic_ids import ZipfWorkload  # noqa: E402
 
 

@@ -43,7 +43,7 @@ from examples.checkpointing import KILL_ENV  # noqa: E402
 from torchrec_frugal.host.shm import list_segments  # noqa: E402
 from torchrec_frugal.host.launch import leaked_segments  # noqa: E402
 from benchmarks.measure import median_or_nan  # noqa: E402
-from torchrec_frugal.estimate.measure import children_cpu_s, machine_busy_s  # noqa: E402
+from torchrec_frugal.estimate.timing import children_cpu_s, machine_busy_s  # noqa: E402
 
 TRAIN_PY = ROOT / "examples" / "dlrm" / "train.py"
 _UNIX_TIME = re.compile(r"at unix time ([0-9.]+)")

@@ -2,7 +2,7 @@
 its children used, and the median of figures some of which may be missing.
 
 The measuring helpers the package and the examples use themselves (``median_s``,
-``machine_busy_s``, ``children_cpu_s``) stay in :mod:`torchrec_frugal.estimate.measure`.
+``machine_busy_s``, ``children_cpu_s``) stay in :mod:`torchrec_frugal.estimate.timing`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Sequence
 
-from torchrec_frugal.estimate.measure import children_cpu_s
+from torchrec_frugal.estimate.timing import children_cpu_s
 
 
 def git_state(root: Path, paths: Sequence[str] = ("torchrec_frugal",)) -> str:

@@ -24,7 +24,7 @@ def measure(device: str = "cpu", reps: int = 5, log: Callable[[str], None] = pri
     import torch
 
     from ...host.launch import run_ranks
-    from ..measure import median_s
+    from ..timing import median_s
 
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -91,7 +91,7 @@ def _host_rows(dev: Any, reps: int, gen: Any, sync: Callable[[], None], log: Cal
     per size, as the engine picks it); CPU: the device is host memory, rows are indexed in place."""
     import torch
 
-    from ..measure import median_s
+    from ..timing import median_s
 
     rows_total = (512 << 20) // ROW_BYTES
     host = torch.randn(rows_total, ROW_BYTES // 4, generator=gen)
@@ -125,7 +125,7 @@ def _dense(dev: Any, reps: int, sync: Callable[[], None], log: Callable[[str], N
     and at the largest batch with every core (CPU: intra-op thread scaling)."""
     import torch
 
-    from ..measure import median_s
+    from ..timing import median_s
 
     layers: List[torch.nn.Module] = []
     flops_per_sample, ops = 0.0, 0
@@ -161,7 +161,7 @@ def _per_id(dev: Any, reps: int, sync: Callable[[], None]) -> Dict[str, float]:
     per-id work of an embedding kernel beyond its row reads."""
     import torch
 
-    from ..measure import median_s
+    from ..timing import median_s
 
     ids = 65_536
     table = torch.randn(1024, ROW_BYTES // 4, device=dev, requires_grad=True)
@@ -179,7 +179,7 @@ def _collectives(rank: int, world: int, reps: int) -> Dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from ..measure import median_s
+    from ..timing import median_s
 
     res: Dict[str, Any] = {"all_to_all": [], "all_reduce": []}
     for nbytes in A2A_BYTES:

@@ -21,6 +21,8 @@ def test_fused_rows_offsets_and_checks() -> None:
     assert FUSED.check(torch.tensor([[9, 0]]), "x").tolist() == [9, 0]
     with pytest.raises(FrugalInputError, match=r"x: row 10 .*beyond the last table 'large'"):
         FUSED.check(torch.tensor([10]), "x")
+    with pytest.raises(FrugalInputError, match=r"x: row -1 .*before the first table 'small'"):
+        FUSED.check(torch.tensor([[3, 2], [-1, 9]]).t(), "x")  # strided: read as it lies
     with pytest.raises(FrugalInputError, match="x: rows must be int64"):
         FUSED.check(torch.tensor([1], dtype=torch.int32), "x")
 

@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # run as a script: `benchmarks`, `examples`, and 
 
 from torchrec_frugal.estimate.calibration.training_fit import TrainingRun, fit_rates, fit_training  # noqa: E402
 from torchrec_frugal.estimate.cost_model import CostModel, Plan  # noqa: E402
-from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD  # noqa: E402  train.py's defaults
+from torchrec_frugal.config import CACHE_RATIO, LOOKAHEAD  # noqa: E402  train.py's defaults
 from torchrec_frugal.estimate.cli import PRESAMPLE_STEPS, dlrm_workload  # noqa: E402
 from torchrec_frugal.estimate.profiles import HardwareProfile, load_profile  # noqa: E402
 

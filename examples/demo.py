@@ -44,7 +44,7 @@ if __package__ in (None, ""):  # launched as a script: `examples`, and `torchrec
     sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from torchrec_frugal.estimate.cost_model import Plan
-from torchrec_frugal.datasets import CACHE_RATIO, LOOKAHEAD
+from torchrec_frugal.config import CACHE_RATIO, LOOKAHEAD
 from torchrec_frugal.estimate.timing import children_cpu_s, machine_busy_s
 
 TRAIN_REL = Path("examples") / "dlrm" / "train.py"

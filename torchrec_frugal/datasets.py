@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .config import CACHE_RATIO, LOOKAHEAD  # the engine's defaults, the DLRM runs' settings
+from .config import CACHE_RATIO, LOOKAHEAD  # RunConfig's defaults: the engine's
 
 CRITEO_KAGGLE: Tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .cost_model import FRUGAL_KINDS, TERMS, Bound, CostModel, CostTable, DenseModel, Plan, StepCost, Workload, frugal_kind, frugal_offered, bound, predict_all, recommend_frugal, shardings_for
-from ..datasets import CACHE_RATIO, DATASETS, EPOCH_SAMPLES, LOOKAHEAD, MODEL_KINDS, PAPER_DATASETS, DatasetConfig, ModelConfig, SkewConfig, dataset_for
+from ..config import CACHE_RATIO, LOOKAHEAD
+from ..datasets import DATASETS, EPOCH_SAMPLES, MODEL_KINDS, PAPER_DATASETS, DatasetConfig, ModelConfig, SkewConfig, dataset_for
 from .profiles import HardwareProfile, ProfileError, builtin_profiles, load_profile
 
 PRESAMPLE_STEPS = 50  # examples/dlrm/train.py --presample-steps: batches per rank counted for the hot rows

@@ -212,3 +212,19 @@ def test_ownership_from_presample_sums_counts_over_ranks_and_checks_them() -> No
         ownership_from_presample(tables, counts[:1], 0.1, 2, lambda c: c)
     with pytest.raises(FrugalInputError, match="table 'b': presample counts have 3 entries, expected 20"):
         ownership_from_presample(tables, [counts[0], torch.zeros(3)], 0.1, 2, lambda c: c)
+
+
+def test_owner_store_on_cpu_reserves_every_dynamic_slot_and_never_grows() -> None:
+    cached = np.array([3, 7], dtype=np.int64)
+    store = OwnerStore(5000, cached, 2, 1, torch.device("cpu"), max_dynamic=4998)
+    assert store.weights.shape[0] == store.state.shape[0] == 5000
+    assert store.weights[:2].eq(0).all() and store.state[:2].eq(0).all()  # static slots start at zero
+    weights = store.weights
+    rows = np.setdiff1d(np.arange(5000), cached)
+    slots = store.alloc(rows[:3000])
+    assert slots.tolist() == list(range(2, 3002))  # the lowest slots first: only their pages get touched
+    store.release(rows[:1000])
+    store.alloc(rows[3000:])
+    assert store.weights is weights and store.dynamic_in_use == 3998
+    # Elsewhere device memory is real: the same store starts small (and grows, as above).
+    assert OwnerStore(5000, cached, 2, 1, torch.device("meta"), max_dynamic=4998).weights.shape[0] == 2 + 1024

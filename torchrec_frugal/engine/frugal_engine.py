@@ -51,6 +51,7 @@ import threading
 import time
 from typing import List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -144,9 +145,11 @@ class FrugalEngine:
             lambda counts: self.group.all_reduce_sum(counts, self.device),
         )  # fmt: skip
         owner = self.ownership.owner
-        self.store = OwnerStore(n, self.ownership.cached_rows(self.rank), d, self.state_width, self.device)
         self.placement = place = Placement.resolve(self.device, cfg)
         in_place = place.update_uncached_in_host
+        # Dynamic slots hold this rank's uncached rows, unless those are updated in host in place.
+        uncached_owned = None if in_place else int(np.count_nonzero((owner == self.rank) & ~self.ownership.cached))
+        self.store = OwnerStore(n, self.ownership.cached_rows(self.rank), d, self.state_width, self.device, uncached_owned)
         self.owner_update = OwnerUpdate(optimizer, self.store, self.host, in_place)
         self.owner_update.reload()
 

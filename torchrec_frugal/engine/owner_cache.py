@@ -96,7 +96,15 @@ class OwnerStore:
     once flushed. ``slot_of[row]`` is -1 for rows this rank does not hold.
     """
 
-    def __init__(self, num_rows: int, cached_rows: np.ndarray, dim: int, state_width: int, device: torch.device) -> None:
+    def __init__(
+        self, num_rows: int, cached_rows: np.ndarray, dim: int, state_width: int, device: torch.device,
+        max_dynamic: Optional[int] = None,
+    ) -> None:
+        """``max_dynamic``: the most rows that can ever hold a dynamic slot at once (this rank's
+        uncached rows), where known. On a CPU device all of them are reserved at once: pages
+        are touched only as slots are used (the free list is a stack, so the ones used are the
+        lowest), while growing copies the whole store, every page of it a fresh fault. Device
+        memory is real where it is reserved, so elsewhere the store starts small and grows."""
         self.device = device
         self.dim = dim
         self.state_width = state_width
@@ -104,9 +112,13 @@ class OwnerStore:
         self.slot_of = np.full(num_rows, -1, dtype=np.int64)
         self.slot_of[cached_rows] = np.arange(self.num_static)
         self.cached_rows = cached_rows
-        cap = self.num_static + 1024
-        self.weights = torch.zeros(cap, dim, dtype=torch.float32, device=device)
-        self.state = torch.zeros(cap, state_width, dtype=torch.float32, device=device)
+        reserve = device.type == "cpu" and max_dynamic is not None
+        cap = self.num_static + (max(max_dynamic, 1) if reserve else 1024)  # type: ignore[type-var]
+        # A dynamic slot is filled when it is given out: the reserve is left untouched.
+        self.weights = torch.empty(cap, dim, dtype=torch.float32, device=device)
+        self.state = torch.empty(cap, state_width, dtype=torch.float32, device=device)
+        self.weights[: self.num_static if reserve else cap].zero_()
+        self.state[: self.num_static if reserve else cap].zero_()
         self._free = np.arange(cap - 1, self.num_static - 1, -1, dtype=np.int64)  # stack, top at the end
         self._nfree = cap - self.num_static
 

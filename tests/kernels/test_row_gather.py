@@ -34,7 +34,8 @@ def test_gather_matches_the_numpy_twin_and_the_plain_loops(seed: int) -> None:
         out = np.full((ids.shape[0], store.shape[1]), np.nan, dtype=np.float32)
         n = ids.shape[0]
         hits = run(ids, slot_of, 60, store, host, scratch.seen, np.empty(n, np.int64), np.empty(n, np.int32),
-                   np.empty(n, np.int32), np.empty((n, store.shape[1]), np.float32), out)  # fmt: skip
+                   np.empty(n, np.int32), np.empty((n, store.shape[1]), np.float32), out, np.empty(n, np.int64),
+                   np.zeros(1, np.float32))  # fmt: skip
         assert hits == want_hits
         np.testing.assert_array_equal(out, want)
 

@@ -22,7 +22,7 @@ def test_copy_matches_the_numpy_twin_and_the_plain_loops(state_width: int) -> No
         want_w[r], want_s[r] = store_w[s], store_s[s]
     for run in (copy_rows_to_host, copy_rows_to_host.loops, copy_rows_to_host.twin):
         host_w, host_s = host_w0.copy(), host_s0.copy()
-        run(rows, slots, store_w, store_s, host_w, host_s)
+        run(rows, slots, store_w, store_s, host_w, host_s, np.zeros(1, np.float32))
         np.testing.assert_array_equal(host_w, want_w)
         np.testing.assert_array_equal(host_s, want_s)
     assert copy_rows_to_host.compiled == numba_available()

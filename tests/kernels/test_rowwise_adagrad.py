@@ -63,7 +63,7 @@ def test_rows_pass_reads_and_writes_each_row_where_it_lives(seed: int, allocate:
     for run in (adagrad_rows, adagrad_rows.loops, adagrad_rows.twin):
         sw, ss, hw, hs = (t.copy() for t in tables)
         held = np.full(n, -1)
-        h = run(rows, slots, new_slots, m, root, grads, lr, eps, sw, ss, hw, hs, held)
+        h = run(rows, slots, new_slots, m, root, grads, lr, eps, sw, ss, hw, hs, held, np.zeros(1, np.float32))
         assert held[:h].tolist() == rows[~in_host].tolist()
         np.testing.assert_array_equal(hw[rows[in_host]], want_w[in_host])
         np.testing.assert_array_equal(hs[rows[in_host], 0], m[in_host])
@@ -83,7 +83,7 @@ def test_rows_pass_divides_by_zero_as_ieee() -> None:
     for run in (adagrad_rows, adagrad_rows.twin):
         hw, hs = np.ones((1, 2), np.float32), np.zeros((1, 1), np.float32)
         run(rows, slots, new_slots, np.zeros(1, np.float32), np.zeros(1, np.float32), np.array([[0.0, 1.0]], np.float32),
-            0.1, 0.0, hw[:0], hs[:0], hw, hs, np.empty(1, np.int64))  # fmt: skip
+            0.1, 0.0, hw[:0], hs[:0], hw, hs, np.empty(1, np.int64), np.zeros(1, np.float32))  # fmt: skip
         assert np.isnan(hw[0, 0]) and hw[0, 1] == -np.inf
 
 

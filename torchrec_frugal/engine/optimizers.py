@@ -139,5 +139,5 @@ def rowwise_adagrad_finish(
     held = np.empty(rows.shape[0], dtype=np.int64)
     root = torch.from_numpy(m).sqrt().numpy()
     h = adagrad_rows(rows, slots, new_slots, m, root, grads.numpy(), spec.lr, spec.eps, store_w.numpy(),
-                     store_s.numpy(), host_w.numpy(), host_s.numpy(), held)  # fmt: skip
+                     store_s.numpy(), host_w.numpy(), host_s.numpy(), held, np.zeros(1, dtype=np.float32))  # fmt: skip
     return held[:h]

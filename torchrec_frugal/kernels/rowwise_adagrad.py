@@ -62,7 +62,7 @@ def adagrad_state(
 def _rows_twin(
     rows: np.ndarray, slots: np.ndarray, new_slots: np.ndarray, m: np.ndarray, root: np.ndarray, grads: np.ndarray,
     lr: float, eps: float, store_w: np.ndarray, store_s: np.ndarray, host_w: np.ndarray, host_s: np.ndarray,
-    held: np.ndarray,
+    held: np.ndarray, sink: np.ndarray,
 ) -> int:  # fmt: skip
     fresh = slots < 0
     if new_slots.shape[0]:
@@ -89,7 +89,7 @@ def _rows_twin(
 def adagrad_rows(
     rows: np.ndarray, slots: np.ndarray, new_slots: np.ndarray, m: np.ndarray, root: np.ndarray, grads: np.ndarray,
     lr: float, eps: float, store_w: np.ndarray, store_s: np.ndarray, host_w: np.ndarray, host_s: np.ndarray,
-    held: np.ndarray,
+    held: np.ndarray, sink: np.ndarray,
 ) -> int:  # fmt: skip
     """Update the unique ``rows`` with their ``grads`` [n, d]: ``w -= g * (lr / (root + eps))``
     and the state set to ``m`` (from :func:`adagrad_state`; ``root``: its square roots), all
@@ -97,12 +97,19 @@ def adagrad_rows(
     ``store_s``) where that is >= 0. The rows whose slot is < 0 are updated in host (``host_w``,
     ``host_s``) in place, or, where ``new_slots`` is not empty (a slot for each of them, in
     order), read from host and written to their new slot. The rows updated in the store go to
-    ``held``, in order; returns how many.
+    ``held``, in order; returns how many. ``sink``: float32 [1] scratch (see :mod:`.prefetch`).
     """
     lr32 = np.float32(lr)
     eps32 = np.float32(eps)
     d = grads.shape[1]
     allocate = new_slots.shape[0] > 0
+    # Touch each row's weights first (where the update reads them): a loop of independent loads,
+    # whose misses overlap, where the update's loop has a few rows in flight at most.
+    touched = np.float32(0)
+    for i in range(rows.shape[0]):
+        s = slots[i]
+        touched += store_w[s, 0] if s >= 0 else host_w[rows[i], 0]
+    sink[0] = touched
     j = 0
     h = 0
     # One loop per place, each on fixed arrays: a loop over arrays picked per row runs at half speed.

@@ -85,6 +85,7 @@ class Flusher:
         self._inflight: Optional[int] = None  # progress bound of the chunk being copied
         self._updated: Marker = REACHED  # reached once the store holds every update queued so far
         self._row_bytes = (store.dim + store.state_width) * 4
+        self._sink = np.zeros(1, dtype=np.float32)  # scratch of copy_rows_to_host (one chunk at a time)
         self._counts = FlushCounts()
         self.total_rows = 0
         self.total_bytes = 0
@@ -226,7 +227,7 @@ class Flusher:
         host = self.host
         if host.in_place:  # store and host tables in one memory: one compiled pass
             copy_rows_to_host(rows, slots, src_w.numpy(), src_s.numpy(), host.tables["weights"].numpy(),
-                              host.tables["state"].numpy())  # fmt: skip
+                              host.tables["state"].numpy(), self._sink)  # fmt: skip
             return
         r = torch.from_numpy(rows)
         # On CUDA: a side stream, after the updates on the device, never behind the step's

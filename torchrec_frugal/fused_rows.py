@@ -6,13 +6,14 @@ changes, with an error naming the table (a FrugalInputError: the run goes on).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .config import TableSpec
 from .errors import FrugalInputError
+from .int_sort import first_repeat
 
 
 class FusedRows:
@@ -54,20 +55,35 @@ class FusedRows:
             return None
         return torch.from_numpy(a + np.repeat(self._offsets[t], counts))
 
-    def check(self, rows: torch.Tensor, what: str) -> torch.Tensor:
-        """``rows`` as a flat CPU int64 tensor; raises, naming ``what``, on a wrong dtype or a row out of range."""
+    def flat(self, rows: torch.Tensor, what: str) -> torch.Tensor:
+        """``rows`` as a flat CPU int64 tensor, their range not checked; raises, naming ``what``,
+        on a wrong dtype. For a caller that checks the range another way (:meth:`check`)."""
         if rows.dtype != torch.int64:
             raise FrugalInputError(f"{what}: rows must be int64, got {rows.dtype}")
-        rows = rows.reshape(-1).to("cpu")
+        return rows.reshape(-1).to("cpu")
+
+    def check(self, rows: torch.Tensor, what: str) -> torch.Tensor:
+        """``rows`` as a flat CPU int64 tensor; raises, naming ``what``, on a wrong dtype or a row out of range."""
+        rows = self.flat(rows, what)
         if rows.numel():
             ids = rows.numpy()  # numpy's min and max of 26k ids take half of torch's two reductions
-            lo, hi = int(ids.min()), int(ids.max())
-            if lo < 0 or hi >= self.num_rows:
-                bad = lo if lo < 0 else hi
-                where = (
-                    f"before the first table {self.tables[0].name!r}"
-                    if bad < 0
-                    else f"beyond the last table {self.tables[-1].name!r}"
-                )
-                raise FrugalInputError(f"{what}: row {bad} is outside the fused tables [0, {self.num_rows}) ({where})")
+            self._check_range(int(ids.min()), int(ids.max()), what)
         return rows
+
+    def check_unique(self, rows: torch.Tensor, what: str) -> Tuple[torch.Tensor, Optional[int]]:
+        """:meth:`check`, and a row that occurs more than once (None if they are unique). One pass
+        where the rows increase (the unique rows a sort gave): their range is then their ends'."""
+        rows = self.flat(rows, what)
+        ids = rows.numpy()
+        if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+            if ids.size:
+                self._check_range(int(ids[0]), int(ids[-1]), what)
+            return rows, None
+        return self.check(rows, what), first_repeat(ids)
+
+    def _check_range(self, lo: int, hi: int, what: str) -> None:
+        """Raises, naming ``what`` and the row, unless every row lies within [``lo``, ``hi``] inside the tables."""
+        if lo < 0 or hi >= self.num_rows:
+            bad = lo if lo < 0 else hi
+            where = f"before the first table {self.tables[0].name!r}" if bad < 0 else f"beyond the last table {self.tables[-1].name!r}"
+            raise FrugalInputError(f"{what}: row {bad} is outside the fused tables [0, {self.num_rows}) ({where})")

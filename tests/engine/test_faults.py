@@ -74,13 +74,17 @@ def _bad_input_checks(rank: int, world: int) -> dict:
     eng.push_lookahead(batch + 1)
     for step_batch in (batch, batch + 1):
         eng.begin_step(step_batch)
+        expect("lookup_out_of_range", lambda: eng.lookup(torch.tensor([2, 1100, 0])))
         eng.lookup(step_batch)
         u = torch.unique(step_batch)
         expect("grad_shape", lambda: eng.apply_gradients(u, torch.ones(u.shape[0], 3)))
+        expect("grad_sorted_out_of_range", lambda: eng.apply_gradients(torch.tensor([0, 1100]), torch.ones(2, 4)))
+        expect("grad_unsorted_out_of_range", lambda: eng.apply_gradients(torch.tensor([-3, 0]), torch.ones(2, 4)))
         twice = torch.cat([u, u[-1:]])
         expect("grad_repeat", lambda: eng.apply_gradients(twice, torch.ones(twice.shape[0], 4)))
         eng.apply_gradients(u, torch.ones(u.shape[0], 4))
     eng.push_lookahead(batch)
+    expect("pushed_out_of_range", lambda: eng.begin_step(torch.tensor([0, 1100])))
     expect("lookahead_mismatch", lambda: eng.begin_step(batch + 2))
     still_step_2 = eng.step
     eng.begin_step(batch)  # the pushed batch still trains
@@ -110,6 +114,12 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
         assert "-1" in e["lookahead_out_of_range"], e
         assert "expected shape" in e["grad_shape"], e
         assert "row 1091 appears more than once" in e["grad_repeat"], e  # the last row of the second step's
+        # Where another pass checks the rows (the CPU lookup's, the ends of sorted rows, the rows
+        # pushed for the step), a row out of range is named all the same.
+        assert "lookup" in e["lookup_out_of_range"] and "row 1100" in e["lookup_out_of_range"], e
+        assert "row 1100" in e["grad_sorted_out_of_range"] and "'large'" in e["grad_sorted_out_of_range"], e
+        assert "row -3" in e["grad_unsorted_out_of_range"], e
+        assert "step 2" in e["pushed_out_of_range"] and "row 1100" in e["pushed_out_of_range"], e
         assert "step 2" in e["lookahead_mismatch"] and "differs" in e["lookahead_mismatch"], e
         assert res["unchanged"] and res["step_after_mismatch"] == 2
         assert res["moved"] > 0.0  # training continued after every refused call

@@ -52,5 +52,22 @@ def test_scratch_is_reused_without_clearing() -> None:
         np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("bad", [-1, 500, 10**9])
+def test_an_id_out_of_range_returns_minus_one_and_writes_nothing(bad: int) -> None:
+    ids, slot_of, store, host = _case(0)
+    ids[len(ids) // 2] = bad
+    scratch = GatherScratch(slot_of.shape[0], store.shape[1])
+    for run in (gather_rows, gather_rows.loops, gather_rows.twin):
+        out = np.full((ids.shape[0], store.shape[1]), np.nan, dtype=np.float32)
+        n = ids.shape[0]
+        hits = run(ids, slot_of, 60, store, host, scratch.seen, np.empty(n, np.int64), np.empty(n, np.int32),
+                   np.empty(n, np.int32), np.empty((n, store.shape[1]), np.float32), out, np.empty(n, np.int64),
+                   np.zeros(1, np.float32))  # fmt: skip
+        assert hits == -1 and np.isnan(out).all()
+    ids, slot_of, store, host = _case(1)  # the scratch serves the next call as before
+    out = np.empty((ids.shape[0], 5), dtype=np.float32)
+    assert scratch.gather(ids, slot_of, 60, store, host, out) == _expected(ids, slot_of, store, host)[1]
+
+
 def test_compiled_where_numba_is_installed() -> None:
     assert gather_rows.compiled == numba_available()

@@ -65,7 +65,6 @@ from .flush.flusher import Flusher
 from .gate import sync
 from ..fused_rows import FusedRows
 from ..host.rows import HostRows, RowsPart
-from ..int_sort import first_repeat
 from .host_tables import HostTables
 from ..host.local_group import LocalGroup
 from .lookahead.window import LookaheadWindow
@@ -262,7 +261,13 @@ class FrugalEngine:
             raise FrugalError(f"rank {self.rank}: begin_step of step {self.step + 1} before apply_gradients of step {self.step}")
         s = self.step
         t0 = time.perf_counter()
-        checked, planned = self._rows(rows, f"batch of step {s}")
+        what = f"batch of step {s}"
+        pushed = None if isinstance(rows, StepPlan) else self.lookahead_feed.pushed(s)
+        if pushed is not None:  # the rows pushed for the step were checked then: the same ones need no check
+            flat = self.fused.flat(rows, what)
+            checked, planned = (pushed, False) if torch.equal(pushed, flat) else (self.fused.check(flat, what), False)
+        else:
+            checked, planned = self._rows(rows, what)
         ticket = self.lookahead_feed.begin(s, checked, owned=planned)
         if ticket is not None:
             self._update.ticket = ticket
@@ -291,8 +296,15 @@ class FrugalEngine:
         self._faults.raise_if_failed()
         if not self._in_step:
             self._iteration_offset += 1
-        checked, _ = self._rows(rows, "lookup")
-        return self._reads.read(rows if isinstance(rows, StepPlan) else checked)
+        if isinstance(rows, StepPlan) or not self._reads.checks_range:
+            checked, _ = self._rows(rows, "lookup")
+            out = self._reads.read(rows if isinstance(rows, StepPlan) else checked)
+        else:  # the read's own pass over the rows checks their range
+            flat = self.fused.flat(rows, "lookup")
+            out = self._reads.read(flat)
+            if out is None:
+                self.fused.check(flat, "lookup")  # raises, naming the row
+        return out
 
     def apply_gradients(self, unique_rows: Rows, grads: torch.Tensor, divide_by: int = 1) -> None:
         """This rank's summed gradient per unique row of the step; collective; ends the step.
@@ -304,12 +316,14 @@ class FrugalEngine:
         s = self.step
         if not self._in_step:
             raise FrugalError(f"rank {self.rank}: apply_gradients without begin_step (step {s})")
-        rows, planned = self._rows(unique_rows, f"gradients of step {s}")
+        what = f"gradients of step {s}"
+        if isinstance(unique_rows, StepPlan):
+            rows, _ = self._rows(unique_rows, what)
+            repeated = None
+        else:
+            rows, repeated = self.fused.check_unique(unique_rows, what)
         if grads.shape != (rows.shape[0], self.dim):
-            raise FrugalInputError(
-                f"gradients of step {s}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}"
-            )
-        repeated = None if planned else first_repeat(rows.numpy())
+            raise FrugalInputError(f"{what}: expected shape {(rows.shape[0], self.dim)}, got {tuple(grads.shape)}")
         if repeated is not None:  # the exchange sums one gradient a row and rank
             raise FrugalInputError(f"gradients of step {s}: row {repeated} appears more than once (sum a row's gradients first)")
         # Launch the copy to host, hand the step over (:mod:`.step_update`), and go on.

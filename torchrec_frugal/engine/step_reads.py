@@ -9,7 +9,7 @@ the training thread then only launches the gathers.
 from __future__ import annotations
 
 import time
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -39,8 +39,15 @@ class StepReads:
         self.reads_done: Marker = REACHED
         self._gather = GatherScratch(store.slot_of.shape[0], dim) if host.in_place else None
 
-    def read(self, rows: Union[torch.Tensor, StepPlan]) -> torch.Tensor:
-        """Current values of ``rows`` [n] -> [n, dim] (a plan's: checked by its engine)."""
+    @property
+    def checks_range(self) -> bool:
+        """Whether :meth:`read` of unplanned rows checks their range itself (the CPU device's
+        one pass): it then returns None where a row is out of range, having read nothing."""
+        return self._gather is not None
+
+    def read(self, rows: Union[torch.Tensor, StepPlan]) -> Optional[torch.Tensor]:
+        """Current values of ``rows`` [n] -> [n, dim] (a plan's: checked by its engine; others
+        checked by the caller unless :attr:`checks_range`)."""
         t0 = time.perf_counter()
         if isinstance(rows, StepPlan):
             plan, n = rows.lookup, rows.num_rows
@@ -71,8 +78,9 @@ class StepReads:
         self._recorder.add("lookup", time.perf_counter() - t0)
         return out
 
-    def _read_on_cpu(self, rows: torch.Tensor, t0: float) -> torch.Tensor:
-        """The read on a CPU device: store and host are both host memory, one compiled pass."""
+    def _read_on_cpu(self, rows: torch.Tensor, t0: float) -> Optional[torch.Tensor]:
+        """The read on a CPU device: store and host are both host memory, one compiled pass;
+        None where a row is out of range."""
         assert self._gather is not None
         store = self._store
         out = torch.empty(rows.shape[0], self._dim, dtype=torch.float32)
@@ -80,6 +88,8 @@ class StepReads:
             rows.numpy(), store.slot_of, store.num_static, store.weights.numpy(), self._host.tables["weights"].numpy(),
             out.numpy(),
         )  # fmt: skip
+        if hits < 0:
+            return None
         self._recorder.lookups += int(rows.shape[0])
         self._recorder.cache_hits += hits
         self.reads_done = REACHED

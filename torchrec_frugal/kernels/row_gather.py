@@ -32,7 +32,8 @@ class GatherScratch:
 
     def gather(self, ids: np.ndarray, slot_of: np.ndarray, num_static: int, store: np.ndarray, host: np.ndarray,
                out: np.ndarray) -> int:  # fmt: skip
-        """:func:`gather_rows` with this scratch; returns the ids found in static slots."""
+        """:func:`gather_rows` with this scratch; returns the ids found in static slots (-1: an
+        id out of range, nothing read)."""
         if self.distinct.shape[0] < ids.shape[0]:
             self._grow(max(ids.shape[0], 2 * self.distinct.shape[0]))
         return int(gather_rows(ids, slot_of, num_static, store, host, self.seen, self.distinct, self.inverse,
@@ -44,6 +45,8 @@ def _gather_twin(
     seen: np.ndarray, distinct: np.ndarray, inverse: np.ndarray, counts: np.ndarray, rows: np.ndarray, out: np.ndarray,
     slots: np.ndarray, sink: np.ndarray,
 ) -> int:  # fmt: skip
+    if ids.size and (ids.min() < 0 or ids.max() >= slot_of.shape[0]):
+        return -1
     at = slot_of[ids]
     held = at >= 0
     out[held] = store[at[held]]
@@ -58,7 +61,8 @@ def gather_rows(
     slots: np.ndarray, sink: np.ndarray,
 ) -> int:  # fmt: skip
     """``out[i]`` = ``store[slot_of[ids[i]]]`` where that slot is >= 0, else ``host[ids[i]]``;
-    returns how many ids have a static slot (below ``num_static``).
+    returns how many ids have a static slot (below ``num_static``), or -1, having written nothing
+    into ``out``, where an id is outside ``slot_of`` (the table's rows).
 
     ``seen``: int32 scratch of the table's rows (any content); ``distinct`` and ``slots`` (int64),
     ``inverse`` and ``counts`` (int32) and ``rows`` (float32, as wide as ``out``): scratch of
@@ -66,9 +70,12 @@ def gather_rows(
     """
     n = ids.shape[0]
     d = out.shape[1]
+    num_rows = slot_of.shape[0]
     k = 0
     for i in range(n):
         r = ids[i]
+        if r < 0 or r >= num_rows:
+            return -1
         j = seen[r]
         if j < k and distinct[j] == r:
             counts[j] += 1

@@ -93,6 +93,12 @@ class LookaheadFeed:
         # when step t begins (begin wakes the worker for it).
         self._pushed.append((t, rows, self._announce(t, rows, wake=False)))
 
+    def pushed(self, step: int) -> Optional[torch.Tensor]:
+        """The rows pushed for ``step`` (checked when they were), where step ``step`` is the next to begin."""
+        if self._pushed and self._pushed[0][0] == step:
+            return self._pushed[0][1]
+        return None
+
     def begin(self, step: int, rows: torch.Tensor, owned: bool = False) -> Optional[int]:
         """Step ``step`` starts with ``rows``: they must be the ones pushed for it, if any were.
 

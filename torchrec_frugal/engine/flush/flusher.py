@@ -190,7 +190,8 @@ class Flusher:
                 # Every due priority in one chunk (up to chunk_rows): a chunk costs a fixed
                 # overhead beside its rows, and one a bucket would pay it up to L + 2 times a step.
                 rows, prio = self.queue.pop_through(max_priority, self.chunk_rows)
-                rows.sort()  # written in row order: the order host memory and the link like
+                if not self.host.in_place:
+                    rows.sort()  # written in row order, as the link likes (a CPU copy gains less than the sort costs)
                 # While in flight these rows are still stale on host: a chunk with a finite
                 # priority bounds the published progress by its lowest priority - 1, an INF
                 # chunk by the window as it is now.
@@ -201,11 +202,13 @@ class Flusher:
             self._copy(rows, slots, src_w, src_s, after)
             with self.lock:
                 # Rows updated meanwhile were re-queued by the update (only an update inserts a
-                # row, and no other chunk was copied meanwhile): they stay pending, the rest is done.
-                done = rows[~self.queue.contains(rows)]
-                dynamic = done[self.store.slot_of[done] >= self.store.num_static]
-                if dynamic.size:
-                    self.store.release(dynamic)
+                # row, and no other chunk was copied meanwhile): they stay pending, the rest is
+                # done, and those in dynamic slots give their slots back (where there are any).
+                if self.store.dynamic_in_use:
+                    done = rows[~self.queue.contains(rows)]
+                    dynamic = done[self.store.slot_of[done] >= self.store.num_static]
+                    if dynamic.size:
+                        self.store.release(dynamic)
                 self._inflight = None
                 self.publish_progress()
                 n = int(rows.shape[0])

@@ -88,7 +88,7 @@ def check_result(world: int, sc: Scenario, per_rank: list) -> None:
         if sc.lookahead > 0:
             # Owners that update uncached rows in place never hold their writes: nobody
             # announces reads of them. Otherwise every host read is announced.
-            if m["in_place"]:
+            if m["update_in_host"]:
                 assert m["window_uncached"] == 0, (label, r, m)
             elif sc.cache_ratio < 1.0:
                 assert m["window_uncached"] > 0, (label, r, m)

@@ -15,22 +15,22 @@ ROWS, DIM = 40, 3
 CPU = torch.device("cpu")
 
 
-def _setup(kind: str, in_place: bool):
+def _setup(kind: str, update_in_host: bool):
     spec = OptimizerSpec(kind=kind, lr=0.1)
     width = state_width(spec, DIM)
     gen = torch.Generator().manual_seed(1)
     weights, state = torch.randn(ROWS, DIM, generator=gen), torch.rand(ROWS, width, generator=gen)
     host = HostTables({"weights": weights, "state": state}, torch.empty(0, dtype=torch.uint8), CPU, "auto", None)
     store = OwnerStore(ROWS, np.array([0, 5, 9]), DIM, width, CPU)
-    upd = OwnerUpdate(spec, store, host, in_place)
+    upd = OwnerUpdate(spec, store, host, update_in_host)
     upd.reload()
     return spec, upd, weights, state
 
 
 @pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam"])
-@pytest.mark.parametrize("in_place", [False, True])
-def test_every_copy_gets_the_reference_update(kind: str, in_place: bool) -> None:
-    spec, upd, host_w, host_s = _setup(kind, in_place)
+@pytest.mark.parametrize("update_in_host", [False, True])
+def test_every_copy_gets_the_reference_update(kind: str, update_in_host: bool) -> None:
+    spec, upd, host_w, host_s = _setup(kind, update_in_host)
     ref_w, ref_s = host_w.clone(), host_s.clone()
     store = upd.store
     for step, rows in enumerate([np.array([0, 5, 11, 20]), np.array([5, 11, 30])]):
@@ -41,7 +41,7 @@ def test_every_copy_gets_the_reference_update(kind: str, in_place: bool) -> None
         apply_update(spec, w, s, grads, step)
         ref_w[r], ref_s[r] = w, s
         # In place: uncached rows are written to host and not held; else they take dynamic slots.
-        expect_held = rows[np.isin(rows, [0, 5, 9])] if in_place else rows
+        expect_held = rows[np.isin(rows, [0, 5, 9])] if update_in_host else rows
         assert held.tolist() == expect_held.tolist()
         sl = torch.from_numpy(store.slot_of[held])  # bit for bit, wherever the row is
         assert torch.equal(store.weights[sl], ref_w[torch.from_numpy(held)])
@@ -49,11 +49,11 @@ def test_every_copy_gets_the_reference_update(kind: str, in_place: bool) -> None
         in_host = torch.from_numpy(np.setdiff1d(rows, held))
         assert torch.equal(host_w[in_host], ref_w[in_host])
         assert torch.equal(host_s[in_host], ref_s[in_host])
-    assert store.dynamic_in_use == (0 if in_place else 3)
+    assert store.dynamic_in_use == (0 if update_in_host else 3)
 
 
 def test_reload_reads_every_held_row_from_host() -> None:
-    _, upd, host_w, host_s = _setup("rowwise_adagrad", in_place=False)
+    _, upd, host_w, host_s = _setup("rowwise_adagrad", update_in_host=False)
     upd.apply(0, np.array([5, 17]), torch.ones(2, DIM))  # 17 takes a dynamic slot
     host_w.add_(100.0)
     upd.reload()
@@ -62,8 +62,8 @@ def test_reload_reads_every_held_row_from_host() -> None:
     assert torch.equal(upd.store.weights[sl], host_w[held]) and torch.equal(upd.store.state[sl], host_s[held])
 
 
-@pytest.mark.parametrize("in_place", [False, True])
-def test_rowwise_adagrad_on_cpu_is_the_reference_bit_for_bit(in_place: bool) -> None:
+@pytest.mark.parametrize("update_in_host", [False, True])
+def test_rowwise_adagrad_on_cpu_is_the_reference_bit_for_bit(update_in_host: bool) -> None:
     """Row-wise Adagrad's compiled passes on a CPU device, over steps of rows in static slots,
     dynamic slots and host, leave every copy as the gathered reference update does, bit for bit."""
     rows_n, dim = 3000, 32
@@ -73,7 +73,7 @@ def test_rowwise_adagrad_on_cpu_is_the_reference_bit_for_bit(in_place: bool) -> 
     state = torch.from_numpy((rng.random((rows_n, 1)) * 1e-6).astype(np.float32))
     host = HostTables({"weights": weights, "state": state}, torch.empty(0, dtype=torch.uint8), CPU, "auto", None)
     store = OwnerStore(rows_n, rng.choice(rows_n, 300, replace=False), dim, 1, CPU)
-    upd = OwnerUpdate(spec, store, host, in_place)
+    upd = OwnerUpdate(spec, store, host, update_in_host)
     upd.reload()
     ref_w, ref_s = weights.clone(), state.clone()
     for step in range(6):
@@ -85,7 +85,7 @@ def test_rowwise_adagrad_on_cpu_is_the_reference_bit_for_bit(in_place: bool) -> 
         w, s = ref_w[r], ref_s[r]
         apply_update(spec, w, s, grads, step)
         ref_w[r], ref_s[r] = w, s
-        assert held.tolist() == (rows[store.slot_of[rows] >= 0] if in_place else rows).tolist()
+        assert held.tolist() == (rows[store.slot_of[rows] >= 0] if update_in_host else rows).tolist()
         h = torch.from_numpy(held)
         sl = torch.from_numpy(store.slot_of[held])
         assert torch.equal(store.weights[sl], ref_w[h]) and torch.equal(store.state[sl], ref_s[h])

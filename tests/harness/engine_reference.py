@@ -179,7 +179,7 @@ def run_scenario(rank: int, world: int, sc: Scenario) -> Dict[str, float]:
         "registered": float(eng.host.registered),
         "device": str(eng.device),
         "window_uncached": float(window_uncached),
-        "in_place": float(eng.owner_update.in_place),
+        "update_in_host": float(eng.owner_update.update_in_host),
         "ring_rows": float(eng.ring_record.rows),
         "grad_rows": float(eng.grad_record.rows),
     }

@@ -28,12 +28,12 @@ from .streams import to_device
 class OwnerUpdate:
     """Applies one rank's optimizer steps to the rows it owns (store slots, or host in place)."""
 
-    def __init__(self, optimizer: OptimizerSpec, store: OwnerStore, host: HostTables, in_place: bool) -> None:
+    def __init__(self, optimizer: OptimizerSpec, store: OwnerStore, host: HostTables, update_in_host: bool) -> None:
         self.optimizer = optimizer
         self.store = store
         self.host = host
         self.device = host.device
-        self.in_place = in_place
+        self.update_in_host = update_in_host  # uncached rows updated in host memory (a CPU device's choice)
 
     def apply(self, iteration: int, rows: np.ndarray, grads: torch.Tensor) -> np.ndarray:
         """Update the unique owned ``rows`` with their summed ``grads`` (CPU) at the optimizer's
@@ -47,7 +47,7 @@ class OwnerUpdate:
             return self._rowwise_adagrad_on_cpu(rows, grads)
         store = self.store
         slots = store.slot_of[rows]
-        if self.in_place:
+        if self.update_in_host:
             rows, slots, grads = self._update_in_host(iteration, rows, slots, grads)
             if rows.shape[0] == 0:  # every row was updated in host memory (no cache: every step)
                 return rows
@@ -70,7 +70,7 @@ class OwnerUpdate:
         dynamic slot allocated here and filled from host by the update itself."""
         store, tables = self.store, self.host.tables
         slots, m, uncached = rowwise_adagrad_begin(rows, grads, store.slot_of, store.state, tables["state"])
-        new_slots = uncached[:0] if self.in_place else store.alloc(uncached)  # in place: none
+        new_slots = uncached[:0] if self.update_in_host else store.alloc(uncached)  # in host: none
         return rowwise_adagrad_finish(self.optimizer, rows, slots, new_slots, m, grads, store.weights, store.state,
                                       tables["weights"], tables["state"])  # fmt: skip
 

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from first_seen import first_seen_unique
-from torchrec_frugal.kernels.announce import AnnounceScratch, group_by_owner
+from torchrec_frugal.kernels.announce import AnnounceScratch, group_announced
 from torchrec_frugal.kernels.compiled import numba_available, running_as
 from torchrec_frugal.kernels.unique_rows import unique_rows
 
-KERNELS = (unique_rows, group_by_owner)
+KERNELS = (unique_rows, group_announced)
 
 
 def _case(seed: int, num_rows: int = 3000, world: int = 3, n: int = 2000, announced_share: float = 0.6):
@@ -61,4 +61,4 @@ def test_unique_of_parts(run_as: str) -> None:
 
 
 def test_compiled_where_numba_is_installed() -> None:
-    assert group_by_owner.compiled == numba_available()
+    assert group_announced.compiled == numba_available()

@@ -16,7 +16,7 @@ from .unique_rows import bitmap, unique_rows
 
 
 class AnnounceScratch:
-    """One thread's scratch of :func:`unique_rows` and :func:`group_by_owner`, grown as steps need."""
+    """One thread's scratch of :func:`unique_rows` and :func:`group_announced`, grown as steps need."""
 
     def __init__(self, num_rows: int) -> None:
         self.bits = bitmap(num_rows)
@@ -37,7 +37,7 @@ class AnnounceScratch:
         owner's count."""
         self._room(ids.shape[0])
         k = unique_rows(ids, self.bits, self.distinct)
-        kept = group_by_owner(self.distinct[:k], announced, owner, self.owners, self.grouped, counts)
+        kept = group_announced(self.distinct[:k], announced, owner, self.owners, self.grouped, counts)
         return self.grouped[:kept]
 
     def unique(self, parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -61,7 +61,7 @@ def _group_twin(
 
 
 @kernel(_group_twin)
-def group_by_owner(
+def group_announced(
     rows: np.ndarray, announced: np.ndarray, owner: np.ndarray, owners: np.ndarray, grouped: np.ndarray,
     counts: np.ndarray,
 ) -> int:  # fmt: skip
@@ -70,7 +70,9 @@ def group_by_owner(
     how many rows were written.
 
     ``owners``: int64 scratch of ``len(rows)``; ``grouped``: as long (the rows not announced
-    go, as one more group, after the owners').
+    go, as one more group, after the owners'). The gradients' counting sort by owner
+    (:func:`~.owner_groups.group_by_owner`) carries a payload and needs increasing rows; this
+    one filters, and its rows come in any order.
     """
     world = counts.shape[0]
     n = rows.shape[0]

@@ -24,7 +24,7 @@ from ..config import FrugalConfig, OptimizerSpec, TableSpec
 from ..engine.frugal_engine import FrugalEngine, Rows
 from ..errors import FrugalError, FrugalInputError
 from .optim import FrugalFusedOptimizer
-from .row_pooling import TransposedBags
+from .row_pooling import TransposedBags, row_gradients, sum_bags
 from .checkpoint import row_layout
 from ..engine.step_plan import StepPlan
 from .types import OPTIMIZER_KINDS, FrugalTable
@@ -341,4 +341,29 @@ class FrugalRowsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[None, None]:  # type: ignore[override]
         ctx.step.apply(grads)
+        return None, None
+
+
+class FrugalPooledFunction(torch.autograd.Function):
+    """Each group's rows pooled into its bags ([bags, dim] per group): :class:`FrugalRowsFunction`
+    and the pooling (``row_pooling.pool_rows``) as one autograd node, for a batch planned ahead
+    (bag offsets and the backward's transposition made, pooling weights that learn nothing): the
+    same numbers, one node's cost on the training thread where two were paid."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, step: FrugalStep) -> Tuple[torch.Tensor, ...]:  # type: ignore[override]
+        pooled: List[torch.Tensor] = []
+        transposed: List[TransposedBags] = []
+        for g, b in zip(step.groups, step.batches):
+            assert b.offsets is not None and b.transposed is not None
+            rows = g.engine.lookup(b.engine_rows)
+            weights = None if b.weights is None else b.weights.to(rows.device, rows.dtype)
+            pooled.append(sum_bags(rows, b.inverse, b.offsets, weights))
+            transposed.append(b.transposed)
+        ctx.step, ctx.transposed = step, transposed
+        return tuple(pooled)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[None, None]:  # type: ignore[override]
+        ctx.step.apply([row_gradients(grad.contiguous(), t) for grad, t in zip(grads, ctx.transposed)])
         return None, None

@@ -29,7 +29,7 @@ from ..errors import FrugalError, FrugalInputError
 from ..int_sort import sorted_unique, unique_inverse
 from ..engine.streams import REACHED, CopyStream, Marker
 from .bounds_check import OutOfRangeLog, RowZero
-from .embedding_kernel import FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
+from .embedding_kernel import FrugalPooledFunction, FrugalRowsFunction, FrugalStep, FrugalTableGroup, GroupBatch
 from .feature_layout import FeatureLayout, sample_major
 from .row_pooling import TransposedBags, transpose_bags
 from .types import FrugalTable
@@ -101,7 +101,9 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
         self._announced_batches: Deque[Optional[_AnnouncedBatch]] = deque()
         self._last_lookahead: Optional[_AnnouncedBatch] = None
         self._copies = CopyStream(device)  # plans' index tensors, moved ahead of their step
-        self._next_plan: Optional[BatchPlan] = None  # the plan of the next forward's batch (use_plan)
+        # The plan of the next forward's batch (use_plan), in a list: set twice a step, without
+        # nn.Module's __setattr__.
+        self._next_plan: List[Optional[BatchPlan]] = [None]
         self.out_of_range = OutOfRangeLog()  # ids read as row 0 (bounds_check_mode WARNING, IGNORE)
 
     @property
@@ -218,7 +220,7 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     def use_plan(self, plan: Optional[BatchPlan]) -> None:
         """The next forward is of the batch ``plan`` was made of (the pipeline knows); None: forget it."""
-        self._next_plan = plan
+        self._next_plan[0] = plan
 
     def _planned_batches(self, features: KeyedJaggedTensor, plan: BatchPlan) -> List[GroupBatch]:
         """``plan``'s batches, for ``features`` that the pipeline says are that batch."""
@@ -242,9 +244,14 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
 
     # ------------------------------------------------------------------ forward
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        plan, self._next_plan = self._next_plan, None
+        plan = self._next_plan[0]
         if plan is not None:  # the batch of the step announced next: the pipeline planned it
+            self._next_plan[0] = None
             batches = self._planned_batches(sparse_features, plan)
+            if self._layout.pooled and torch.is_grad_enabled():  # the rows and their pooling: one autograd node
+                self._begin(batches)
+                pooled = FrugalPooledFunction.apply(self._anchor, FrugalStep(self._group_list, batches))
+                return self._layout.pooled_output(plan.stride, pooled)
             weights = self._step(batches)
         else:
             batches = self._layout.group_batches(sparse_features, self._rows_for_forward(sparse_features))
@@ -262,6 +269,18 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
     def _step(self, batches: List[GroupBatch], checked: bool = False) -> Sequence[torch.Tensor]:
         """The rows of the engines' next step, begun with ``batches`` (ended by the backward, or now
         without gradients); ``checked``: the rows are known to be those announced for it."""
+        self._begin(batches, checked)
+        groups = self._group_list
+        if torch.is_grad_enabled():
+            return FrugalRowsFunction.apply(self._anchor, FrugalStep(groups, batches))
+        weights = [g.engine.lookup(b.engine_rows) for g, b in zip(groups, batches)]
+        for g in groups:
+            g.end_without_update()
+        return weights
+
+    def _begin(self, batches: List[GroupBatch], checked: bool = False) -> None:
+        """Begin the engines' next step with ``batches``; raises, changing nothing, if their rows
+        differ from those announced for it (``checked``: known to be those)."""
         groups = self._group_list
         for g in groups:  # a forward whose backward never ran (its loss dropped: an eval in train mode)
             g.close_open_step()
@@ -272,12 +291,6 @@ class FrugalEmbeddingLookup(BaseEmbeddingLookup[KeyedJaggedTensor, torch.Tensor]
             g.begin(b.engine_rows)
         if self._announced_batches:  # the step took its announced batch off every group
             self._announced_batches.popleft()
-        if torch.is_grad_enabled():
-            return FrugalRowsFunction.apply(self._anchor, FrugalStep(groups, batches))
-        weights = [g.engine.lookup(b.engine_rows) for g, b in zip(groups, batches)]
-        for g in groups:
-            g.end_without_update()
-        return weights
 
     def _read_within_step(self, batches: List[GroupBatch]) -> Sequence[torch.Tensor]:
         """Rows read while the engines' step is open, after a forward whose backward has not run:

@@ -77,6 +77,9 @@ class FeatureLayout:
         # Per group, whether each of its tables is read by one feature of this lookup: a row's
         # values then lie in one feature (the planner reuses the rows' sort for the backward).
         self.one_feature_per_table = [all(len(fs) <= 1 for fs in by_table.values()) for by_table in self.features_of_table]
+        # The group that serves every feature, in order, if one does: its bags are the output, no copy.
+        whole = [gi for gi, ps in enumerate(self.positions) if len(ps) == len(self.feature_names)]
+        self._whole: Optional[int] = whole[0] if whole else None
         self._mean_positions = torch.tensor(
             [t.pooling == PoolingType.MEAN for t in tables for _ in t.feature_names], dtype=torch.bool
         )
@@ -198,19 +201,24 @@ class FeatureLayout:
         return self._sequence(features, batches, weights)
 
     def _pool(self, features: KeyedJaggedTensor, batches: List[GroupBatch], weights: Sequence[torch.Tensor]) -> torch.Tensor:
-        stride = features.stride()
-        out: List[Optional[torch.Tensor]] = [None] * len(self.feature_names)
-        for positions, b, w in zip(self.positions, batches, weights):
+        pooled: List[torch.Tensor] = []
+        for b, w in zip(batches, weights):
             offsets = b.offsets
             if offsets is None:
                 offsets = torch.zeros(b.lengths.numel() + 1, dtype=torch.int64, device=self._device)
                 torch.cumsum(b.lengths.to(self._device), 0, out=offsets[1:])
             per_sample_weights = None if b.weights is None else b.weights.to(self._device, w.dtype)
-            # [B F_g, d]: the bags sample by sample (``sample_major``)
-            pooled = pool_rows(w, b.inverse, b.lengths, offsets, per_sample_weights, b.transposed)
-            if len(positions) == len(out):  # one group serves every feature, in order: [B, F d], no copy
-                return pooled.view(stride, -1)
-            per_feature = pooled.view(stride, len(positions), -1)
+            pooled.append(pool_rows(w, b.inverse, b.lengths, offsets, per_sample_weights, b.transposed))
+        return self.pooled_output(features.stride(), pooled)
+
+    def pooled_output(self, stride: int, pooled: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The pooled output [B, sum dims] from each group's bags ([B F_g, d]: sample by sample,
+        ``sample_major``)."""
+        if self._whole is not None:  # [B, F d]
+            return pooled[self._whole].view(stride, -1)
+        out: List[Optional[torch.Tensor]] = [None] * len(self.feature_names)
+        for positions, bags in zip(self.positions, pooled):
+            per_feature = bags.view(stride, len(positions), -1)
             for j, p in enumerate(positions):
                 out[p] = per_feature[:, j]
         return torch.cat(out, dim=1)  # type: ignore[arg-type]

@@ -61,7 +61,13 @@ def transpose_sorted_bags(
     return TransposedBags(indices, row_offsets, None if weights is None else weights.detach().index_select(0, by_row))
 
 
-def _row_gradients(grad: torch.Tensor, t: TransposedBags) -> torch.Tensor:
+def sum_bags(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """Bags of ``rows`` summed, as the forward of every pooling here computes them (``offsets``:
+    the bags' cumulative lengths from 0, on the device)."""
+    return F.embedding_bag(inverse, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
+
+
+def row_gradients(grad: torch.Tensor, t: TransposedBags) -> torch.Tensor:
     """Each row's gradient: its values' bag gradients summed (the ATen op: the indices are ours,
     built valid, so none of ``F.embedding_bag``'s checks in Python)."""
     weights = None if t.weights is None else t.weights.to(grad.dtype)
@@ -85,7 +91,7 @@ class PooledRowsFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(rows, weights)
         ctx.bags = (inverse, lengths, offsets, transposed)
-        return F.embedding_bag(inverse, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
+        return sum_bags(rows, inverse, offsets, weights)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
@@ -95,7 +101,7 @@ class PooledRowsFunction(torch.autograd.Function):
         grad_rows = grad_weights = None
         if ctx.needs_input_grad[0]:
             t = transposed if transposed is not None else transpose_bags(inverse, lengths, rows.shape[0], weights)
-            grad_rows = _row_gradients(grad, t)
+            grad_rows = row_gradients(grad, t)
         if ctx.needs_input_grad[1]:  # learned weights (position-weighted features): <bag grad, row>
             bag_of_value = torch.arange(lengths.numel(), device=grad.device).repeat_interleave(
                 lengths.to(grad.device), output_size=inverse.numel()
@@ -119,7 +125,7 @@ class GatheredRowsFunction(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         num_rows, inverse, transposed = ctx.bags
         t = transposed if transposed is not None else transpose_bags(inverse, None, num_rows, None)
-        return _row_gradients(grad.contiguous(), t), None, None
+        return row_gradients(grad.contiguous(), t), None, None
 
 
 def pool_rows(
@@ -132,7 +138,7 @@ def pool_rows(
 ) -> torch.Tensor:
     """Bags of ``rows`` summed (``offsets``: ``lengths``' cumulative sum from 0, on the device)."""
     if not (rows.requires_grad or (weights is not None and weights.requires_grad)):
-        return F.embedding_bag(inverse, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
+        return sum_bags(rows, inverse, offsets, weights)
     return PooledRowsFunction.apply(rows, weights, inverse, lengths, offsets, transposed)
 
 

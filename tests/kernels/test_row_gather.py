@@ -25,17 +25,22 @@ def _expected(ids, slot_of, store, host):
     return out, int(np.count_nonzero((slots >= 0) & (slots < 60)))
 
 
+def _run(run, ids, slot_of, store, host, seen):
+    """One variant of the kernel with fresh scratch; (its return, the output, NaN where unwritten)."""
+    n, d = ids.shape[0], store.shape[1]
+    out = np.full((n, d), np.nan, dtype=np.float32)
+    hits = run(ids, slot_of, 60, store, host, seen, np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int32),
+               np.empty((n, d), np.float32), out, np.empty(n, np.int64), np.zeros(1, np.float32))  # fmt: skip
+    return hits, out
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_gather_matches_the_numpy_twin_and_the_plain_loops(seed: int) -> None:
     ids, slot_of, store, host = _case(seed)
     want, want_hits = _expected(ids, slot_of, store, host)
     scratch = GatherScratch(slot_of.shape[0], store.shape[1])
     for run in (gather_rows, gather_rows.loops, gather_rows.twin):
-        out = np.full((ids.shape[0], store.shape[1]), np.nan, dtype=np.float32)
-        n = ids.shape[0]
-        hits = run(ids, slot_of, 60, store, host, scratch.seen, np.empty(n, np.int64), np.empty(n, np.int32),
-                   np.empty(n, np.int32), np.empty((n, store.shape[1]), np.float32), out, np.empty(n, np.int64),
-                   np.zeros(1, np.float32))  # fmt: skip
+        hits, out = _run(run, ids, slot_of, store, host, scratch.seen)
         assert hits == want_hits
         np.testing.assert_array_equal(out, want)
 
@@ -58,11 +63,7 @@ def test_an_id_out_of_range_returns_minus_one_and_writes_nothing(bad: int) -> No
     ids[len(ids) // 2] = bad
     scratch = GatherScratch(slot_of.shape[0], store.shape[1])
     for run in (gather_rows, gather_rows.loops, gather_rows.twin):
-        out = np.full((ids.shape[0], store.shape[1]), np.nan, dtype=np.float32)
-        n = ids.shape[0]
-        hits = run(ids, slot_of, 60, store, host, scratch.seen, np.empty(n, np.int64), np.empty(n, np.int32),
-                   np.empty(n, np.int32), np.empty((n, store.shape[1]), np.float32), out, np.empty(n, np.int64),
-                   np.zeros(1, np.float32))  # fmt: skip
+        hits, out = _run(run, ids, slot_of, store, host, scratch.seen)
         assert hits == -1 and np.isnan(out).all()
     ids, slot_of, store, host = _case(1)  # the scratch serves the next call as before
     out = np.empty((ids.shape[0], 5), dtype=np.float32)
